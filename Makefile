@@ -1,0 +1,39 @@
+# Two commands: `make demo` trains the default agent on CPU; `make test` runs the test suite.
+# Both create or refresh .venv first. torch is installed as the pinned CPU build on machines
+# without CUDA, so set-up never pulls a multi-GB CUDA wheel.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# A CUDA machine takes the default wheel; elsewhere only the CPU build (local file or PyTorch's CPU index).
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"; \
+	else \
+	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
+	fi
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/steprl train configs/calculator_tiny.yaml
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rollout_vs_learner.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,97 @@
+"""The `steprl` command line: train, sft, eval, check-env."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from steprl.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="steprl: agentic RL for tool-using LMs.")
+console = Console()
+
+
+def _load(config: Path | None, overrides: list[str]):
+    try:
+        return load_config(config, overrides)
+    except ConfigError as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="YAML config (see configs/)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set trainer.lr=3e-4 (repeatable)."),
+) -> None:
+    """Train a policy with RL; prints held-out success before and after."""
+    from steprl.training.trainer import train as run_training
+
+    cfg = _load(config, set_)
+    result = run_training(cfg, log=console.print)
+    w, f = result.warm_start, result.final
+    console.print(f"\n[bold]held-out success[/bold] ({int(f['eval/tasks'])} tasks, "
+                  f"temperature {cfg.trainer.eval_temperature}):")
+    console.print(f"  warm start : success {w['eval/success']:.3f}  tool-call rate {w['eval/tool_call_rate']:.3f}  "
+                  f"calls/solved {w['eval/calls_per_success']:.2f}")
+    console.print(f"  RL-trained : success {f['eval/success']:.3f}  tool-call rate {f['eval/tool_call_rate']:.3f}  "
+                  f"calls/solved {f['eval/calls_per_success']:.2f}")
+    console.print(f"run directory: {result.run_dir}")
+
+
+@app.command()
+def sft(
+    config: Path = typer.Argument(Path("configs/calculator_tiny.yaml"), help="YAML config."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key (repeatable)."),
+) -> None:
+    """Warm-start the tiny policy on scripted demonstrations (cached under model.cache_dir)."""
+    from steprl.training.policy import load_policy, sft_cache_dir
+
+    cfg = _load(config, set_)
+    if cfg.model.name != "tiny":
+        console.print("[red]model.name must be 'tiny': sft warm-starts the embedded policy[/red]")
+        raise typer.Exit(2)
+    policy = load_policy(cfg, log=console.print)
+    console.print(f"policy: {policy.source}\nsaved in {sft_cache_dir(cfg)}")
+
+
+@app.command("eval")
+def eval_(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint directory (runs/<name>/checkpoint)."),
+    tasks: int = typer.Option(200, help="Number of held-out tasks."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key of the checkpoint's config."),
+) -> None:
+    """Evaluate a checkpoint on held-out tasks."""
+    from steprl.training.evaluate_cli import evaluate_checkpoint
+
+    if not (checkpoint / "config.yaml").exists():
+        console.print(f"[red]{checkpoint} is not a checkpoint (no config.yaml); "
+                      "pass runs/<name>/checkpoint[/red]")
+        raise typer.Exit(2)
+    cfg = _load(checkpoint / "config.yaml", set_)
+    metrics = evaluate_checkpoint(checkpoint, cfg, tasks=tasks, temperature=temperature)
+    for k, v in metrics.items():
+        console.print(f"  {k}: {v:.4f}")
+
+
+@app.command("check-env")
+def check_env_cmd(name: str = typer.Argument(..., help="A registered environment name.")) -> None:
+    """Run the conformance checker (API, determinism, expert solvability) on one environment."""
+    from steprl.envs.check import EnvCheckError, check_env
+
+    try:
+        report = check_env(name)
+    except (EnvCheckError, KeyError, ValueError) as err:
+        console.print(f"[red]check-env {name}: {err}[/red]")
+        raise typer.Exit(1) from None
+    console.print(f"[green]{name}: ok[/green] {report}")
+
+
+def main() -> None:  # pragma: no cover
+    app(sys.argv[1:])
+
+

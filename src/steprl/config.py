@@ -1,0 +1,220 @@
+"""Typed run configuration: small pydantic sections, YAML in, dotted `--set` overrides.
+
+Every section forbids unknown keys, and every error names the key and the allowed values, e.g.
+`rollout.grup_size: unknown key; allowed keys: context, group_size, ...`.
+Derived sizes (trajectories per step, mini-batch size) are computed once and printed at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from steprl.algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
+
+
+class ConfigError(ValueError):
+    """A config problem, with the dotted key and what is allowed."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunSection(_Section):
+    name: str = "calculator_tiny"  # run directory is <output_dir>/<name>
+    seed: int = 0  # seeds tasks, sampling, init and shuffling
+    output_dir: str = "runs"
+    overwrite: bool = True  # reuse runs/<name> (its files are replaced)
+
+
+class TinySection(_Section):
+    hidden_size: int = Field(96, gt=0)
+    num_layers: int = Field(3, gt=0)
+    num_heads: int = Field(4, gt=0)
+    intermediate_size: int = Field(256, gt=0)
+
+
+class SFTSection(_Section):
+    """Warm start on demonstrations from the env's scripted strategies, mixed by weight.
+
+    The default mixture makes the warm-start policy deliberately imperfect: it uses the tool in
+    about 30% of episodes and guesses otherwise, so RL has something to learn.
+    """
+
+    strategies: dict[str, float] = {"expert": 0.3, "guess": 0.7}
+    num_episodes: int = Field(4000, gt=0)
+    steps: int = Field(600, gt=0)
+    batch_size: int = Field(64, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    seed: int = 1234
+
+
+class ModelSection(_Section):
+    name: str = "tiny"  # "tiny" (embedded, built locally) or a local Hugging Face model directory
+    device: str = "cpu"
+    init: Literal["sft", "scratch", "pretrained"] = "sft"  # tiny: "sft" warm-starts (cached)
+    cache_dir: str = ".cache/steprl"
+    tiny: TinySection = TinySection()
+    sft: SFTSection = SFTSection()
+
+
+class EnvSection(_Section):
+    name: str = "calculator"  # a key of steprl.envs.registry.ENVS
+    params: dict[str, Any] = {}  # keyword arguments of the env factory (one env per episode)
+    task_params: dict[str, Any] = {}  # keyword arguments of the env's task generator
+
+
+class RolloutSection(_Section):
+    tasks_per_step: int = Field(16, gt=0)  # distinct tasks per RL step
+    group_size: int = Field(8, gt=0)  # rollouts per task (the GRPO group)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_turns: int = Field(6, gt=0)
+    max_tokens_per_turn: int = Field(40, gt=0)
+    max_total_tokens: int = Field(256, gt=0)
+    context: Literal["append_only", "keep_last_k", "drop_old_observations"] = "append_only"
+    keep_last_k: int = Field(2, ge=0)  # k for keep_last_k / drop_old_observations
+    max_batch_size: int = Field(256, gt=0)  # engine batch cap
+
+
+class AlgorithmSection(_Section):
+    advantage: str = "grpo"
+    scale_by_std: bool = True  # False = Dr. GRPO
+    policy_loss: str = "ppo_clip"
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    aggregation: str = "token-mean"
+
+    def advantage_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the configured advantage function."""
+        return {"scale_by_std": self.scale_by_std}
+
+    def loss_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the configured policy loss."""
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high}
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, v: str) -> str:
+        return _one_of(v, ADVANTAGES)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return _one_of(v, POLICY_LOSSES)
+
+    @field_validator("aggregation")
+    @classmethod
+    def _known_aggregation(cls, v: str) -> str:
+        return _one_of(v, AGGREGATIONS)
+
+
+class TrainerSection(_Section):
+    total_steps: int = Field(40, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    epochs: int = Field(1, gt=0)  # passes over each step's batch
+    mini_batches: int = Field(2, gt=0)  # optimizer steps per epoch
+    micro_batch_size: int = Field(64, gt=0)  # rows per forward/backward (memory only; loss unchanged)
+    grad_clip: float = Field(1.0, gt=0)
+    eval_every: int = Field(10, ge=0)  # 0 = only at the end
+    eval_tasks: int = Field(200, gt=0)  # held-out tasks, sampled at eval_temperature
+    eval_temperature: float = Field(1.0, ge=0)
+    checkpoint_every: int = Field(0, ge=0)  # 0 = only at the end
+
+
+class LoggingSection(_Section):
+    tensorboard: bool = True
+    progress: bool = True
+    save_trajectories: bool = True
+
+
+class Config(_Section):
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    env: EnvSection = EnvSection()
+    rollout: RolloutSection = RolloutSection()
+    algorithm: AlgorithmSection = AlgorithmSection()
+    trainer: TrainerSection = TrainerSection()
+    logging: LoggingSection = LoggingSection()
+
+    def derived(self) -> dict[str, int]:
+        """Sizes computed once from the config (printed at start)."""
+        per_step = self.rollout.tasks_per_step * self.rollout.group_size
+        return {
+            "trajectories_per_step": per_step,
+            "trajectories_per_mini_batch": max(1, per_step // self.trainer.mini_batches),
+            "optimizer_steps_per_rl_step": self.trainer.epochs * self.trainer.mini_batches,
+        }
+
+
+def _one_of(value: str, allowed: Any) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown name {value!r}; allowed values: {sorted(allowed)}")
+    return value
+
+
+def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    cls: Any = model
+    for part in loc[:-1]:
+        field = cls.model_fields.get(str(part)) if hasattr(cls, "model_fields") else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return []
+        cls = field.annotation
+    return sorted(cls.model_fields) if hasattr(cls, "model_fields") else []
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(Config, e["loc"])
+            lines.append(f"{key}: unknown key; allowed keys here: {', '.join(allowed)}")
+        else:
+            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 3 -> int, true -> bool)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.lr=3e-4)")
+    key, raw = item.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Read YAML (or start from defaults), apply `key=value` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} does not exist (see configs/ for examples)")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (run:, model:, ...)")
+        data = loaded
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {k} is a value, not a section")
+            node = nxt
+        node[keys[-1]] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,251 @@
+"""Where metrics and trajectories go: JSONL and TensorBoard sinks, and a Parquet trajectory file.
+
+A sink takes the flat dicts that `steprl.diagnostics.metrics` produces; it never computes
+anything. JSONL is the source of truth (plots and reports read it back); TensorBoard is for
+watching a run live. Trajectories go to one Parquet file, one row per trajectory, holding the
+exact token ids (not re-tokenized text), so the viewer and offline analysis see what the
+learner saw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, Self, runtime_checkable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from steprl.types import Trajectory
+
+
+@runtime_checkable
+class MetricsSink(Protocol):
+    """Receives one flat metrics dict per training step."""
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _ClosingContext:
+    """`with sink:` closes it; shared by the sinks below."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _json_value(value: float) -> float | None:
+    """NaN and +-inf are not JSON; write them as null so any JSON reader can load the file."""
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+class JsonlSink(_ClosingContext):
+    """One JSON object per line, `{"step": n, **metrics}`, flushed after every line.
+
+    Opens in append mode so a resumed run continues the same file. Flushing each line means a
+    crash loses at most the line being written, and `tail -f` shows progress live.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if "step" in metrics:
+            raise ValueError(
+                "A metric is named 'step', which the JSONL line uses for the training step; "
+                "rename the metric (e.g. 'trainer/step')."
+            )
+        row: dict[str, Any] = {"step": int(step)}
+        row.update({key: _json_value(value) for key, value in metrics.items()})
+        self._file.write(json.dumps(row, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Read back what `JsonlSink` wrote: one dict per line, nulls as `None`.
+
+    A last line without its newline (the run was killed mid-write) is skipped; any other line
+    that is not JSON raises, naming the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"No metrics file at {path}; a run writes it as <run_dir>/metrics.jsonl.")
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):  # the unterminated last line of an interrupted write
+                continue
+            raise ValueError(f"{path}:{i} is not a JSON object ({e}); fix or delete that line.") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i} is {type(row).__name__}, not a JSON object; fix or delete it.")
+        rows.append(row)
+    return rows
+
+
+class TensorBoardSink(_ClosingContext):
+    """One TensorBoard scalar per metric key (the slash prefix becomes the chart group).
+
+    `torch.utils.tensorboard` is imported here, not at module import, because it pulls in the
+    whole tensorboard package; code that only needs JSONL should not pay for it.
+    """
+
+    def __init__(self, logdir: str | Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.logdir = Path(logdir)
+        self._writer = SummaryWriter(log_dir=str(self.logdir))
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, float(value), global_step=int(step))
+        self._writer.flush()  # otherwise up to 2 minutes late in the TensorBoard UI
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MultiSink(_ClosingContext):
+    """Fans one `log` out to several sinks; `close` closes every one even if one fails."""
+
+    def __init__(self, sinks: Sequence[MetricsSink]) -> None:
+        self.sinks = tuple(sinks)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        first_error: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:  # keep closing the rest, then report the first failure
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+
+# ---------------------------------------------------------------- trajectories -> Parquet
+
+_IDS = pa.list_(pa.int32())
+
+#: One row per trajectory. Per-step columns are lists with one entry per step, in step order.
+#: Only the first step's prompt is stored: with an append-only context every later prompt is
+#: that prompt plus the earlier actions and observations.
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),  # training step at which the trajectory was logged
+        ("task_id", pa.string()),
+        ("group_id", pa.string()),
+        ("env", pa.string()),
+        ("end", pa.string()),  # EndReason value
+        ("outcome_reward", pa.float64()),
+        ("num_steps", pa.int32()),
+        ("prompt_ids", _IDS),  # first step's prompt
+        ("action_ids", pa.list_(_IDS)),
+        ("action_logprobs", pa.list_(pa.list_(pa.float32()))),
+        ("observation_ids", pa.list_(_IDS)),
+        ("rewards", pa.list_(pa.float64())),  # per-step rewards
+        ("policy_versions", pa.list_(pa.int64())),
+        ("info_json", pa.string()),  # Trajectory.info as JSON (non-JSON values via str)
+        ("step_info_json", pa.list_(pa.string())),  # each Step.info as JSON
+    ]
+)
+_TEXT_FIELDS = [
+    ("prompt_text", pa.string()),
+    ("action_texts", pa.list_(pa.string())),
+    ("observation_texts", pa.list_(pa.string())),
+]
+
+
+def _to_json(info: Mapping[str, Any]) -> str:
+    return json.dumps(dict(info), default=str, sort_keys=True)
+
+
+class TrajectoryWriter(_ClosingContext):
+    """Appends trajectories to one Parquet file, one row group per `write` call.
+
+    With `decode` (token ids -> text, e.g. `tokenizer.decode`), the text columns `prompt_text`,
+    `action_texts` and `observation_texts` are added for human reading; the ids stay the truth.
+    The file is complete only after `close()` (Parquet writes its footer last): use `with`.
+    Log-probs are stored as float32 (what engines return); ids round-trip exactly.
+    """
+
+    def __init__(self, path: str | Path, decode: Callable[[Sequence[int]], str] | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.decode = decode
+        schema = TRAJECTORY_SCHEMA
+        if decode is not None:
+            for name, typ in _TEXT_FIELDS:
+                schema = schema.append(pa.field(name, typ))
+        self.schema = schema
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(str(self.path), schema)
+
+    def write(self, step: int, trajectories: Sequence[Trajectory]) -> None:
+        if self._writer is None:
+            raise RuntimeError(f"TrajectoryWriter({self.path}) is closed; open a new one to write more.")
+        if not trajectories:
+            return
+        columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
+        for t in trajectories:
+            first_prompt = list(t.steps[0].prompt_ids) if t.steps else []
+            columns["step"].append(int(step))
+            columns["task_id"].append(t.task_id)
+            columns["group_id"].append(t.group_id)
+            columns["env"].append(t.env)
+            columns["end"].append(str(t.end))  # StrEnum: str() is the value
+            columns["outcome_reward"].append(float(t.outcome_reward))
+            columns["num_steps"].append(len(t.steps))
+            columns["prompt_ids"].append(first_prompt)
+            columns["action_ids"].append([list(s.action_ids) for s in t.steps])
+            columns["action_logprobs"].append([list(s.action_logprobs) for s in t.steps])
+            columns["observation_ids"].append([list(s.observation_ids) for s in t.steps])
+            columns["rewards"].append([float(s.reward) for s in t.steps])
+            columns["policy_versions"].append([int(s.policy_version) for s in t.steps])
+            columns["info_json"].append(_to_json(t.info))
+            columns["step_info_json"].append([_to_json(s.info) for s in t.steps])
+            if self.decode is not None:
+                columns["prompt_text"].append(self.decode(first_prompt))
+                columns["action_texts"].append([self.decode(s.action_ids) for s in t.steps])
+                columns["observation_texts"].append([self.decode(s.observation_ids) for s in t.steps])
+        self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def read_trajectories(path: str | Path) -> pa.Table:
+    """Load a trajectory Parquet file written by `TrajectoryWriter` (all row groups)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"No trajectory file at {path}; a run writes it as <run_dir>/trajectories.parquet."
+        )
+    return pq.read_table(str(path))

@@ -1,0 +1,1 @@
+"""Environments: the protocol, tool environments, parsing, rewards, the registry and the checker."""

@@ -1,0 +1,84 @@
+"""The environment interface: `Env` (reset/step/close, sync or async), `Tool`, and their records.
+
+An env answers one action (the text the policy generated this turn) with a `Transition`.
+Authors may write `reset`/`step`/`close` as plain or `async` methods; the agent loop awaits
+either. Two error channels, kept apart on purpose:
+
+* a *model* error (malformed call, bad tool arguments) is an observation the model sees:
+  tools raise `ToolError`, `ToolEnv` turns it into text;
+* any other exception is an *infrastructure* failure: the loop marks the trajectory
+  `infra_failed`, which is counted and never trained on.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from steprl.types import Task
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the policy sees at the start of an episode (the rendered task)."""
+
+    text: str
+    info: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The env's answer to one action.
+
+    `observation` is appended to the context (empty when the episode is over). `info` carries
+    `reward_components` (name -> value, summing to `reward`), `action_kind`
+    ("tool_call" | "answer" | "invalid"), `tool_call_valid` and, for invalid actions, `error`.
+    """
+
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool = False
+    info: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode at a time. Methods may be sync or async (the loop awaits either)."""
+
+    #: Strings at which the engine must stop generating (e.g. a tool call's close tag).
+    stop_strings: Sequence[str]
+
+    def reset(self, task: Task, seed: int) -> Observation | Awaitable[Observation]: ...
+
+    def step(self, action: str) -> Transition | Awaitable[Transition]: ...
+
+    def close(self) -> None | Awaitable[None]: ...
+
+
+class ToolError(Exception):
+    """Raised by a tool for a *model* error (bad arguments); shown to the model, never fatal."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """An atomic action: a name, a description, a JSON-schema of arguments, and a call."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]  # JSON schema of the keyword arguments
+
+    def __call__(self, **kwargs: Any) -> str: ...
+
+
+async def maybe_await(value: T | Awaitable[T]) -> T:
+    """Await `value` if the env method was async; return it as is otherwise."""
+    if inspect.isawaitable(value):
+        return await value
+    return value

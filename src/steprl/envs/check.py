@@ -1,0 +1,316 @@
+"""`check_env`: the conformance checker every registered environment must pass (in CI).
+
+Like Gymnasium's ``env_checker`` and dm_env's ``EnvironmentTestMixin``, but for text agents:
+
+1. API and types: `reset` returns an `Observation`, `step` a `Transition` whose reward is a
+   finite number equal to the sum of ``info["reward_components"]``; `stop_strings` is a
+   sequence of non-empty strings. Sync and async methods are both accepted.
+2. Determinism: the task stream is a pure function of (split, seed); the same task, seed and
+   actions give the same observations and rewards (replayed in a fresh instance); train and
+   eval splits share no prompt on a sample.
+3. Robustness: malformed actions give an error observation, never an exception; the
+   "random" policy (and every other strategy) runs without exceptions.
+4. Solvability: the "expert" policy gets outcome reward 1 on every sampled task within
+   `EnvSpec.max_turns` steps.
+5. `close()` can be called twice.
+
+The first failure raises `EnvCheckError`, saying what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+from steprl.envs.base import Env, Observation, Transition, maybe_await
+from steprl.envs.policy import Policy
+from steprl.envs.registry import EnvSpec, get_spec
+from steprl.types import Task
+
+# Actions no env protocol accepts: empty, control characters and a lone surrogate, a flood.
+MALFORMED_ACTIONS = ("", "\x00\ud800 not an action", "<" * 1000 + ">" * 1000)
+
+
+class EnvCheckError(Exception):
+    """An environment broke the `Env` contract; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class EnvCheckReport:
+    """What `check_env` measured (only returned when every check passed)."""
+
+    name: str
+    n_tasks: int
+    seed: int
+    expert_success_rate: float
+    random_success_rate: float
+    mean_expert_tool_calls: float
+    mean_expert_turns: float
+    strategy_success: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Episode:
+    task: Task
+    first: str
+    actions: list[str]
+    transitions: list[Transition]
+
+    @property
+    def outcome(self) -> float:
+        return sum(float(t.info["reward_components"].get("outcome", 0.0)) for t in self.transitions)
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.transitions) and (self.transitions[-1].terminated or self.transitions[-1].truncated)
+
+    def trace(self) -> list[tuple[str, float, bool, bool, dict[str, float]]]:
+        return [
+            (t.observation, t.reward, t.terminated, t.truncated, dict(t.info["reward_components"]))
+            for t in self.transitions
+        ]
+
+
+def check_env(
+    name: str,
+    *,
+    n_tasks: int = 20,
+    seed: int = 0,
+    env_params: Mapping[str, Any] | None = None,
+    task_params: Mapping[str, Any] | None = None,
+) -> EnvCheckReport:
+    """Run every check on the registered env `name` (see the module docstring)."""
+    return check_spec(get_spec(name), n_tasks=n_tasks, seed=seed, env_params=env_params,
+                      task_params=task_params)
+
+
+def check_spec(
+    spec: EnvSpec,
+    *,
+    n_tasks: int = 20,
+    seed: int = 0,
+    env_params: Mapping[str, Any] | None = None,
+    task_params: Mapping[str, Any] | None = None,
+) -> EnvCheckReport:
+    """`check_env` for a spec that need not be registered.
+
+    Runs its own event loop (`asyncio.run`); inside a running loop, await `acheck_spec` instead.
+    """
+    return asyncio.run(acheck_spec(spec, n_tasks=n_tasks, seed=seed, env_params=env_params,
+                                   task_params=task_params))
+
+
+async def acheck_spec(
+    spec: EnvSpec,
+    *,
+    n_tasks: int = 20,
+    seed: int = 0,
+    env_params: Mapping[str, Any] | None = None,
+    task_params: Mapping[str, Any] | None = None,
+) -> EnvCheckReport:
+    """`check_spec` for callers already inside an event loop."""
+    if n_tasks < 1:
+        raise ValueError(f"n_tasks must be >= 1, got {n_tasks}.")
+    name, env_kw, task_kw = spec.name, dict(env_params or {}), dict(task_params or {})
+    tasks = _check_tasks(spec, n_tasks, seed, task_kw)
+
+    env = _make(spec, env_kw)
+    replay_env = _make(spec, env_kw)
+    experts = [
+        await _episode(spec, env, task, spec.strategies["expert"], random.Random(seed + i), "expert")
+        for i, task in enumerate(tasks)
+    ]
+    for episode in experts:
+        if "outcome" not in episode.transitions[-1].info["reward_components"]:
+            _fail(name, f"the last step of task {episode.task.id!r} has no 'outcome' reward component; "
+                        "report the verifier's score as reward_components['outcome'].")
+        if not episode.ended or not math.isclose(episode.outcome, 1.0):
+            _fail(name, f"the expert did not solve task {episode.task.id!r} ({episode.task.prompt[:80]!r}) "
+                        f"within {spec.max_turns} turns: outcome={episode.outcome}, "
+                        f"actions={episode.actions}. Fix the expert, the verifier, or raise "
+                        "EnvSpec.max_turns.")
+        replay = await _replay(spec, replay_env, episode)
+        if replay.first != episode.first or replay.trace() != episode.trace():
+            _fail(name, f"replaying task {episode.task.id!r} with the same seed and actions gave different "
+                        "observations or rewards; draw all randomness from the seed passed to reset().")
+
+    for action in MALFORMED_ACTIONS:
+        await _check_malformed(spec, env, tasks[0], action)
+
+    success = {}
+    for strategy, policy in spec.strategies.items():
+        if strategy == "expert":
+            success[strategy] = sum(math.isclose(e.outcome, 1.0) for e in experts) / len(experts)
+            continue
+        episodes = [
+            await _episode(spec, env, task, policy, random.Random(seed + i), strategy)
+            for i, task in enumerate(tasks)
+        ]
+        success[strategy] = sum(e.ended and math.isclose(e.outcome, 1.0) for e in episodes) / len(episodes)
+
+    for instance in (env, replay_env):
+        for attempt in ("first", "second"):
+            try:
+                await maybe_await(instance.close())
+            except Exception as exc:
+                _fail(name, f"close() raised {exc!r} on the {attempt} call; make close() idempotent.")
+
+    calls = [sum(t.info.get("action_kind") == "tool_call" for t in e.transitions) for e in experts]
+    return EnvCheckReport(
+        name=name,
+        n_tasks=len(tasks),
+        seed=seed,
+        expert_success_rate=success["expert"],
+        random_success_rate=success["random"],
+        mean_expert_tool_calls=sum(calls) / len(calls),
+        mean_expert_turns=sum(len(e.transitions) for e in experts) / len(experts),
+        strategy_success=MappingProxyType(success),
+    )
+
+
+def _fail(name: str, message: str) -> NoReturn:
+    raise EnvCheckError(f"env {name!r}: {message}")
+
+
+def _check_tasks(spec: EnvSpec, n: int, seed: int, params: dict[str, Any]) -> list[Task]:
+    """The sampled train tasks, after checking types, determinism and split disjointness."""
+    name = spec.name
+
+    def sample(split: str, count: int) -> list[Task]:
+        try:
+            return list(islice(spec.tasks(split, seed, **params), count))
+        except Exception as exc:
+            raise EnvCheckError(f"env {name!r}: tasks({split!r}, {seed}) raised {exc!r}.") from exc
+
+    train = sample("train", n)
+    if not train:
+        _fail(name, "the train split is empty; the task factory must yield tasks for 'train'.")
+    for task in train:
+        if not isinstance(task, Task):
+            _fail(name, f"the task factory yielded {type(task).__name__}; yield steprl.types.Task records.")
+        if task.env != name:
+            _fail(name, f"task {task.id!r} has env={task.env!r}; set Task.env to the registered name "
+                        f"{name!r}.")
+    if len({t.id for t in train}) != len(train):
+        _fail(name, "task ids repeat within a sample; include an index in Task.id.")
+    if sample("train", n) != train:
+        _fail(name, f"tasks('train', {seed}) differ between two calls; seed a local random.Random(seed) "
+                    "instead of using global or time-based randomness.")
+    evals = sample("eval", n)
+    if not evals:
+        _fail(name, "the eval split is empty; the task factory must yield tasks for 'eval'.")
+    overlap = {t.prompt for t in sample("train", max(5 * n, 100))} & {t.prompt for t in evals}
+    if overlap:
+        _fail(name, f"train and eval share prompts such as {sorted(overlap)[0][:80]!r}; assign each task "
+                    "to one split by a stable hash of its content.")
+    return train
+
+
+def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
+    try:
+        env = spec.factory(**params)
+    except Exception as exc:
+        raise EnvCheckError(f"env {spec.name!r}: factory(**{params}) raised {exc!r}.") from exc
+    if not isinstance(env, Env):
+        _fail(spec.name, f"factory returned {type(env).__name__}, which lacks reset/step/close/stop_strings.")
+    stops = getattr(env, "stop_strings", None)
+    if isinstance(stops, str) or not isinstance(stops, Sequence) or not stops or not all(
+        isinstance(s, str) and s for s in stops
+    ):
+        _fail(spec.name, f"stop_strings={stops!r}; give a non-empty list of non-empty strings, e.g. the "
+                         "close tags of the calls and the answer (steprl.envs.parsing.stop_strings).")
+    return env
+
+
+async def _reset(spec: EnvSpec, env: Env, task: Task) -> str:
+    try:
+        first = await maybe_await(env.reset(task, task.seed))
+    except Exception as exc:
+        raise EnvCheckError(f"env {spec.name!r}: reset() raised {exc!r} on task {task.id!r}.") from exc
+    if not isinstance(first, Observation) or not isinstance(first.text, str):
+        _fail(spec.name, f"reset() returned {type(first).__name__}; return "
+                         "steprl.envs.base.Observation(text).")
+    return first.text
+
+
+async def _step(spec: EnvSpec, env: Env, task: Task, action: str, who: str) -> Transition:
+    try:
+        result = await maybe_await(env.step(action))
+    except Exception as exc:
+        raise EnvCheckError(
+            f"env {spec.name!r}: step({action[:80]!r}) by the {who} policy raised {exc!r} on task "
+            f"{task.id!r}. "
+            "Model mistakes must become error observations (tools raise ToolError), not exceptions."
+        ) from exc
+    _check_transition(spec.name, result)
+    return result
+
+
+def _check_transition(name: str, t: object) -> None:
+    if not isinstance(t, Transition):
+        _fail(name, f"step() returned {type(t).__name__}; return steprl.envs.base.Transition(...).")
+        return
+    if not isinstance(t.observation, str):
+        _fail(name, f"Transition.observation is {type(t.observation).__name__}; it must be str.")
+    if type(t.terminated) is not bool or type(t.truncated) is not bool:
+        _fail(name, f"terminated={t.terminated!r}, truncated={t.truncated!r}; both must be bool.")
+    if not _finite(t.reward):
+        _fail(name, f"reward={t.reward!r}; it must be a finite float.")
+    components = t.info.get("reward_components") if isinstance(t.info, Mapping) else None
+    if not isinstance(components, Mapping) or not all(_finite(v) for v in components.values()):
+        _fail(name, f"info['reward_components']={components!r}; give a dict of finite floats, e.g. "
+                    "steprl.envs.rewards.RewardBreakdown(...).as_dict().")
+        return
+    if not math.isclose(sum(components.values()), t.reward, rel_tol=1e-9, abs_tol=1e-9):
+        _fail(name, f"reward {t.reward} != sum of reward_components {dict(components)}; set "
+                    "reward=breakdown.total from the same RewardBreakdown.")
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+async def _episode(spec: EnvSpec, env: Env, task: Task, policy: Policy, rng: random.Random,
+                   who: str) -> _Episode:
+    episode = _Episode(task, await _reset(spec, env, task), [], [])
+    history: list[tuple[str, str]] = []
+    for _ in range(spec.max_turns):
+        try:
+            action = policy(task, history, rng)
+        except Exception as exc:
+            raise EnvCheckError(f"env {spec.name!r}: the {who} policy raised {exc!r} on task {task.id!r}.") \
+                from exc
+        if not isinstance(action, str):
+            _fail(spec.name, f"the {who} policy returned {type(action).__name__}; policies return str.")
+        transition = await _step(spec, env, task, action, who)
+        episode.actions.append(action)
+        episode.transitions.append(transition)
+        history.append((action, transition.observation))
+        if transition.terminated or transition.truncated:
+            break
+    return episode
+
+
+async def _replay(spec: EnvSpec, env: Env, episode: _Episode) -> _Episode:
+    replay = _Episode(episode.task, await _reset(spec, env, episode.task), list(episode.actions), [])
+    for action in episode.actions:
+        replay.transitions.append(await _step(spec, env, episode.task, action, "replayed expert"))
+    return replay
+
+
+async def _check_malformed(spec: EnvSpec, env: Env, task: Task, action: str) -> None:
+    await _reset(spec, env, task)
+    t = await _step(spec, env, task, action, "malformed-action")
+    if t.info.get("action_kind", "invalid") != "invalid":
+        _fail(spec.name, f"malformed action {action[:40]!r} was taken as {t.info.get('action_kind')!r}.")
+    if t.info["reward_components"].get("outcome", 0.0) != 0.0:
+        _fail(spec.name, f"malformed action {action[:40]!r} earned an outcome reward.")
+    if not t.terminated and not t.observation:
+        _fail(spec.name, f"malformed action {action[:40]!r} got an empty observation; tell the model what "
+                         "was wrong, e.g. '<error>no tool call or answer</error>'.")

@@ -1,0 +1,1 @@
+"""Built-in environments, one package each; only `steprl.envs.registry` imports them."""

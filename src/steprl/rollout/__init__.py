@@ -1,0 +1,1 @@
+"""Rollout: the one agent loop, context rules, prompt formats and inference engines."""

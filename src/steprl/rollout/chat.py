@@ -1,0 +1,65 @@
+"""Prompt formats: how a task's text and each observation become token ids, exactly once.
+
+The agent loop never re-tokenizes what the model generated: action tokens are carried as the
+engine sampled them, and each observation is tokenized once, here, and appended as ids. This is
+what keeps the learner's view identical to the engine's (no "retokenization drift").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class PromptFormat(Protocol):
+    """Turns text into the token ids the policy conditions on."""
+
+    eos_token_id: int
+
+    def initial_ids(self, system_prompt: str, observation: str) -> tuple[int, ...]: ...
+
+    def observation_ids(self, text: str) -> tuple[int, ...]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def stop_token_ids(self, stop_strings: Sequence[str]) -> tuple[int, ...]: ...
+
+
+class PlainFormat:
+    """`BOS + task text + newline`, then raw actions and observations: the tiny model's format.
+
+    `include_system_prompt=False` (default for the tiny model) leaves the env's instructions out
+    of the context: a char-level model learns the protocol from demonstrations instead.
+    """
+
+    def __init__(self, tokenizer: Any, *, include_system_prompt: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.include_system_prompt = include_system_prompt
+        self.eos_token_id: int = tokenizer.eos_token_id
+        self.bos_token_id: int = tokenizer.bos_token_id
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def initial_ids(self, system_prompt: str, observation: str) -> tuple[int, ...]:
+        text = f"{system_prompt}\n{observation}\n" if self.include_system_prompt else f"{observation}\n"
+        return (self.bos_token_id, *self._encode(text))
+
+    def observation_ids(self, text: str) -> tuple[int, ...]:
+        return self._encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def stop_token_ids(self, stop_strings: Sequence[str]) -> tuple[int, ...]:
+        """Each stop string must be one token (tags are added tokens in steprl's tokenizers)."""
+        ids = []
+        for s in stop_strings:
+            enc = self._encode(s)
+            if len(enc) != 1:
+                raise ValueError(
+                    f"stop string {s!r} is {len(enc)} tokens in this tokenizer; the engine stops on "
+                    "single tokens. Add it to the tokenizer as an added token (see models/tiny.py TAGS)."
+                )
+            ids.append(enc[0])
+        return tuple(ids)

@@ -1,0 +1,41 @@
+"""The `Engine` protocol: token ids in, sampled token ids and their log-probs out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn. Log-probs are always of the temperature-scaled, untruncated
+    distribution (top-p only restricts what is *sampled*), which is what the learner recomputes."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()  # generation stops after emitting one of these (kept)
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # one per token in token_ids
+    finish_reason: FinishReason  # "stop": stop token or EOS; "length": max_new_tokens reached
+
+
+class Engine(Protocol):
+    """Generates continuations for many concurrent callers; batches them internally."""
+
+    @property
+    def version(self) -> int: ...
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation: ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...

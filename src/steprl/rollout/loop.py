@@ -1,0 +1,135 @@
+"""The one agent loop: generate, let the env answer, append the observation, repeat.
+
+Many episodes run concurrently on one asyncio loop; the engine batches their requests. Each
+episode gets its own env instance. An exception from the env (or the engine) never escapes: the
+trajectory ends `infra_failed` with the error in `info`, is counted, and is never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from steprl.envs.base import Env, Transition, maybe_await
+from steprl.rollout.chat import PromptFormat
+from steprl.rollout.context import ContextRule
+from steprl.rollout.engines.base import Engine, SamplingParams
+from steprl.types import EndReason, Group, Step, Task, Trajectory
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-episode limits. Hitting one ends the episode `truncated` (not the policy's fault)."""
+
+    max_turns: int = 6
+    max_tokens_per_turn: int = 48
+    max_total_tokens: int = 512  # cap on the context length (prompt + next action)
+
+
+def _end_reason(t: Transition) -> EndReason | None:
+    if t.terminated:
+        return EndReason.POLICY_ERROR if t.info.get("policy_error") else EndReason.ANSWERED
+    if t.truncated:
+        return EndReason.TRUNCATED
+    return None
+
+
+async def run_episode(
+    env: Env,
+    task: Task,
+    *,
+    engine: Engine,
+    fmt: PromptFormat,
+    rule: ContextRule,
+    sampling: SamplingParams,
+    budgets: Budgets,
+    group_id: str,
+    seed: int,
+) -> Trajectory:
+    """Run one episode to its end and return it as a frozen Trajectory (never raises)."""
+    steps: list[Step] = []
+    history: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    end = EndReason.TRUNCATED
+    info: dict[str, object] = {}
+    try:
+        first = await maybe_await(env.reset(task, seed))
+        initial = fmt.initial_ids(getattr(env, "system_prompt", ""), first.text)
+        stop_ids = fmt.stop_token_ids(env.stop_strings)
+        for _turn in range(budgets.max_turns):
+            prompt = rule.next_prompt(initial, history)
+            room = min(budgets.max_tokens_per_turn, budgets.max_total_tokens - len(prompt))
+            if room <= 0:
+                break  # context budget exhausted: truncated
+            version = engine.version
+            gen = await engine.generate(
+                prompt, replace(sampling, max_new_tokens=room, stop_token_ids=stop_ids)
+            )
+            transition = await maybe_await(env.step(fmt.decode(gen.token_ids)))
+            reason = _end_reason(transition)
+            obs_ids = fmt.observation_ids(transition.observation) if transition.observation else ()
+            steps.append(
+                Step(
+                    prompt_ids=prompt,
+                    action_ids=gen.token_ids,
+                    action_logprobs=gen.logprobs,
+                    observation_ids=obs_ids,
+                    reward=float(transition.reward),
+                    policy_version=version,
+                    info={**transition.info, "finish_reason": gen.finish_reason},
+                )
+            )
+            history.append((gen.token_ids, obs_ids))
+            if reason is not None:
+                end = reason
+                break
+    except Exception as exc:  # env/engine bug or outage: counted, excluded from the loss
+        end = EndReason.INFRA_FAILED
+        info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+    try:
+        await maybe_await(env.close())
+    except Exception as exc:
+        info = {**info, "close_error": f"{type(exc).__name__}: {exc}"}
+    return Trajectory(
+        task_id=task.id,
+        group_id=group_id,
+        env=task.env,
+        steps=tuple(steps),
+        outcome_reward=sum(s.reward for s in steps) if end is not EndReason.INFRA_FAILED else 0.0,
+        end=end,
+        info=info,
+    )
+
+
+async def rollout_groups(
+    tasks: Sequence[Task],
+    group_size: int,
+    *,
+    make_env: Callable[[Task], Env],
+    engine: Engine,
+    fmt: PromptFormat,
+    rule: ContextRule,
+    sampling: SamplingParams,
+    budgets: Budgets,
+    seed: int,
+) -> list[Group]:
+    """Run `group_size` episodes of every task concurrently; one fresh env per episode."""
+
+    async def one(task: Task, t_index: int, i: int) -> Trajectory:
+        try:
+            env = make_env(task)
+        except Exception as exc:
+            return Trajectory(task.id, f"{seed}-{t_index}", task.env, (), 0.0, EndReason.INFRA_FAILED,
+                              {"error": f"env creation failed: {type(exc).__name__}: {exc}"})
+        return await run_episode(
+            env, task, engine=engine, fmt=fmt, rule=rule, sampling=sampling, budgets=budgets,
+            group_id=f"{seed}-{t_index}", seed=seed * 1_000_003 + t_index * 1009 + i,
+        )
+
+    coros = [one(task, t, i) for t, task in enumerate(tasks) for i in range(group_size)]
+    flat = await asyncio.gather(*coros)
+    return [
+        Group(task=task, trajectories=tuple(flat[t * group_size : (t + 1) * group_size]))
+        for t, task in enumerate(tasks)
+    ]

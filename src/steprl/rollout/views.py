@@ -1,0 +1,69 @@
+"""The two training views of a trajectory, built from its exact token ids.
+
+* `packed_view` (append-only context): ONE sequence `prompt_0 + a_0 + o_0 + a_1 + ...` with a
+  loss mask that is 1 exactly on action tokens. Observation and prompt tokens never carry weight.
+* `per_step_view` (any other context rule): one sample per step, `prompt_t + a_t`, masked the same
+  way, because later prompts no longer extend earlier ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steprl.types import Trajectory
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training row. All tuples have the same length as `input_ids`.
+
+    `loss_mask[t] == 1` iff `input_ids[t]` was sampled by the policy; `old_logprobs[t]` is the
+    engine's log-prob of that token (0.0 where the mask is 0).
+    """
+
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    old_logprobs: tuple[float, ...]
+    traj_index: int  # which trajectory of the batch this row came from (for its advantage)
+
+
+def packed_view(traj: Trajectory, traj_index: int) -> Sample:
+    """One sequence per trajectory; valid only when every prompt extends the previous context."""
+    if not traj.steps:
+        raise ValueError("cannot build a training view of a trajectory with no steps")
+    ids = list(traj.steps[0].prompt_ids)
+    mask = [0] * len(ids)
+    old = [0.0] * len(ids)
+    for i, s in enumerate(traj.steps):
+        if tuple(ids) != s.prompt_ids:
+            raise ValueError(
+                f"step {i} of trajectory {traj.task_id} does not extend the previous context; "
+                "packed_view needs context.rule=append_only (use per_step_view for other rules)."
+            )
+        ids += s.action_ids
+        mask += [1] * len(s.action_ids)
+        old += s.action_logprobs
+        ids += s.observation_ids
+        mask += [0] * len(s.observation_ids)
+        old += [0.0] * len(s.observation_ids)
+    # the final observation (if any) is context for nothing: drop it to save compute
+    tail = len(traj.steps[-1].observation_ids)
+    if tail:
+        ids, mask, old = ids[:-tail], mask[:-tail], old[:-tail]
+    return Sample(tuple(ids), tuple(mask), tuple(old), traj_index)
+
+
+def per_step_view(traj: Trajectory, traj_index: int) -> list[Sample]:
+    """One row per step: the step's own prompt plus its action."""
+    out = []
+    for s in traj.steps:
+        n_prompt = len(s.prompt_ids)
+        out.append(
+            Sample(
+                input_ids=s.prompt_ids + s.action_ids,
+                loss_mask=(0,) * n_prompt + (1,) * len(s.action_ids),
+                old_logprobs=(0.0,) * n_prompt + s.action_logprobs,
+                traj_index=traj_index,
+            )
+        )
+    return out

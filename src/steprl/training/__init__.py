@@ -1,0 +1,1 @@
+"""Training: the learner (algorithm-blind updates), the synchronous trainer, checkpoints."""

@@ -1,0 +1,35 @@
+"""Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`)."""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from steprl.config import Config
+from steprl.envs.registry import get_spec
+from steprl.rollout.chat import PlainFormat
+from steprl.rollout.context import CONTEXT_RULES
+from steprl.rollout.engines.base import SamplingParams
+from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.loop import Budgets
+from steprl.training.evaluate import evaluate
+
+
+def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperature: float) -> dict[str, float]:
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    spec = get_spec(cfg.env.name)
+    engine = HFEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      device=cfg.model.device, seed=cfg.run.seed)
+    eval_tasks = list(islice(spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), tasks))
+    metrics, _ = evaluate(
+        eval_tasks, make_env=lambda t: spec.factory(**cfg.env.params), engine=engine,
+        fmt=PlainFormat(tokenizer), rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
+        sampling=SamplingParams(temperature=temperature),
+        budgets=Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens),
+        seed=777,
+    )
+    return metrics

@@ -1,0 +1,89 @@
+"""Build or load the policy: the embedded tiny model (SFT warm start, cached) or a local HF model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from steprl.config import Config
+from steprl.envs.registry import get_spec
+from steprl.models import sft, tiny
+from steprl.rollout.chat import PlainFormat
+
+#: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
+SFT_RECIPE_VERSION = 1
+
+
+@dataclass
+class Policy:
+    model: Any  # a transformers causal LM
+    tokenizer: Any
+    source: str  # where the weights came from (cache dir, fresh SFT, HF dir)
+
+
+def sft_cache_dir(cfg: Config) -> Path:
+    key = json.dumps(
+        {
+            "recipe": SFT_RECIPE_VERSION,
+            "tiny": cfg.model.tiny.model_dump(),
+            "sft": cfg.model.sft.model_dump(),
+            "env": cfg.env.model_dump(),
+            "seed": cfg.run.seed,
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(cfg.model.cache_dir) / f"tiny-{cfg.env.name}-{digest}"
+
+
+def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
+    if cfg.model.name != "tiny":
+        path = Path(cfg.model.name)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"model.name={cfg.model.name!r} is neither 'tiny' nor a local directory; weights cannot "
+                "be downloaded at run time here, so point model.name at a saved Hugging Face model."
+            )
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        return Policy(model, AutoTokenizer.from_pretrained(path), str(path))
+
+    cache = sft_cache_dir(cfg)
+    if cfg.model.init == "sft" and (cache / "config.json").exists():
+        model = LlamaForCausalLM.from_pretrained(cache, torch_dtype=torch.float32)
+        return Policy(model, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
+
+    tokenizer = tiny.build_tokenizer()
+    spec = tiny.TinyModelSpec(**cfg.model.tiny.model_dump())
+    model = tiny.build_model(
+        len(tokenizer), spec, seed=cfg.run.seed, pad_id=tokenizer.pad_token_id,
+        bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id,
+    )
+    if cfg.model.init != "sft":
+        return Policy(model, tokenizer, "random init")
+
+    s = cfg.model.sft
+    env_spec = get_spec(cfg.env.name)
+    fmt = PlainFormat(tokenizer)
+    t0 = time.perf_counter()
+    tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
+    demos = sft.make_demos(
+        make_env=lambda task: env_spec.factory(**cfg.env.params),
+        tasks=tasks, strategies=env_spec.strategies, weights=s.strategies, fmt=fmt, seed=s.seed,
+    )
+    log(f"SFT warm start: {len(demos)} demonstrations ({dict(s.strategies)}) "
+        f"in {time.perf_counter() - t0:.1f}s; {s.steps} steps of {s.batch_size}; {asdict(spec)}")
+    sft.sft_train(model, demos, steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=s.seed,
+                  pad_id=tokenizer.pad_token_id, log=log)
+    cache.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(cache)
+    tokenizer.save_pretrained(cache)
+    return Policy(model, tokenizer, f"fresh SFT (cached to {cache})")
