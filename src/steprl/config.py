@@ -40,17 +40,23 @@ class TinySection(_Section):
 
 
 class SFTSection(_Section):
-    """Warm start on demonstrations from the env's scripted strategies, mixed by weight.
+    """Warm start on demonstrations from the env's scripted strategies, in two phases.
 
-    The default mixture makes the warm-start policy deliberately imperfect: it uses the tool in
-    about 30% of episodes and guesses otherwise, so RL has something to learn.
+    1. `skill_steps` on demonstrations of `skill_strategy` alone (the expert): the policy learns
+       the protocol and how to use the tool.
+    2. `steps` on the mixture `strategies` (name -> weight): the default makes the warm-start
+       policy deliberately imperfect: it uses the tool in about 30% of episodes and guesses
+       otherwise, so RL has something real to fix.
     """
 
+    skill_strategy: str = "expert"
+    skill_steps: int = Field(400, ge=0)
     strategies: dict[str, float] = {"expert": 0.3, "guess": 0.7}
-    num_episodes: int = Field(4000, gt=0)
-    steps: int = Field(600, gt=0)
-    batch_size: int = Field(64, gt=0)
+    steps: int = Field(150, ge=0)
+    num_episodes: int = Field(6000, gt=0)  # demonstrations generated per phase
+    batch_size: int = Field(128, gt=0)
     lr: float = Field(3e-3, gt=0)
+    mix_lr: float = Field(1e-3, gt=0)  # phase 2 learning rate
     seed: int = 1234
 
 

@@ -113,7 +113,7 @@ def sft_train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if (step + 1) % max(1, steps // 10) == 0:
             log(f"  sft step {step + 1}/{steps}  loss {sum(losses[-20:]) / len(losses[-20:]):.4f}  "
                 f"({time.perf_counter() - t0:.0f}s)")

@@ -20,7 +20,7 @@ from steprl.models import sft, tiny
 from steprl.rollout.chat import PlainFormat
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
-SFT_RECIPE_VERSION = 1
+SFT_RECIPE_VERSION = 2
 
 
 @dataclass
@@ -73,16 +73,25 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
     s = cfg.model.sft
     env_spec = get_spec(cfg.env.name)
     fmt = PlainFormat(tokenizer)
-    t0 = time.perf_counter()
     tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
-    demos = sft.make_demos(
-        make_env=lambda task: env_spec.factory(**cfg.env.params),
-        tasks=tasks, strategies=env_spec.strategies, weights=s.strategies, fmt=fmt, seed=s.seed,
-    )
-    log(f"SFT warm start: {len(demos)} demonstrations ({dict(s.strategies)}) "
-        f"in {time.perf_counter() - t0:.1f}s; {s.steps} steps of {s.batch_size}; {asdict(spec)}")
-    sft.sft_train(model, demos, steps=s.steps, batch_size=s.batch_size, lr=s.lr, seed=s.seed,
-                  pad_id=tokenizer.pad_token_id, log=log)
+
+    def demos(weights: dict[str, float], seed: int) -> list[sft.Demo]:
+        return sft.make_demos(make_env=lambda task: env_spec.factory(**cfg.env.params), tasks=tasks,
+                              strategies=env_spec.strategies, weights=weights, fmt=fmt, seed=seed)
+
+    log(f"SFT warm start of the tiny policy {asdict(spec)}")
+    for phase, weights, steps, lr in (
+        ("skills", {s.skill_strategy: 1.0}, s.skill_steps, s.lr),
+        ("mixture", dict(s.strategies), s.steps, s.mix_lr),
+    ):
+        if steps == 0:
+            continue
+        t0 = time.perf_counter()
+        phase_demos = demos(weights, s.seed + len(phase))
+        log(f" phase {phase}: {len(phase_demos)} demonstrations {weights} "
+            f"({time.perf_counter() - t0:.1f}s); {steps} steps of {s.batch_size}")
+        sft.sft_train(model, phase_demos, steps=steps, batch_size=s.batch_size, lr=lr, seed=s.seed,
+                      pad_id=tokenizer.pad_token_id, log=log)
     cache.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(cache)
     tokenizer.save_pretrained(cache)

@@ -18,6 +18,7 @@ from itertools import islice
 from pathlib import Path
 
 import torch
+import transformers
 
 from steprl.algorithms import ADVANTAGES, POLICY_LOSSES
 from steprl.config import Config, dump_config
@@ -49,6 +50,7 @@ class TrainResult:
 
 def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     # ---- set-up: run dir, seeds, policy, env, engine, learner -------------------------------
+    transformers.utils.logging.disable_progress_bar()
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=cfg.run.overwrite)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

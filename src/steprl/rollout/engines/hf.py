@@ -12,6 +12,7 @@ of the seed.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,9 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._version = version
+        # transformers 5 renamed the KV-cache argument `past_key_values` -> `cache`
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._queue: list[_Request] = []
         self._batcher: asyncio.Task[None] | None = None
         self.tokens_generated = 0
@@ -145,11 +149,12 @@ class HFEngine:
                 input_ids=step_ids,
                 attention_mask=attention,
                 position_ids=step_pos,
-                past_key_values=past,
                 use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: past},
             )
             self.forward_passes += 1
-            past = out.past_key_values
+            past = getattr(out, self._cache_kw)
             logits = out.logits[:, -1, :].float()
             tokens, logps = sample_from_logits(logits, sp.temperature, sp.top_p, self.generator)
             tok_list, logp_list, alive_list = tokens.tolist(), logps.tolist(), alive.tolist()

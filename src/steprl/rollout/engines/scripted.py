@@ -1,0 +1,41 @@
+"""A scripted engine: replays fixed responses. For tests of the loop, budgets and views.
+
+Each call pops the next text from `responses` (cycling), encodes it once and returns it with
+log-prob 0.0 per token, truncated to `max_new_tokens` ("length") or cut after the first stop
+token ("stop").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from steprl.rollout.engines.base import Generation, SamplingParams
+
+
+class ScriptedEngine:
+    def __init__(self, responses: Sequence[str], encode: Callable[[str], Sequence[int]]) -> None:
+        if not responses:
+            raise ValueError("ScriptedEngine needs at least one response")
+        self.responses = list(responses)
+        self.encode = encode
+        self.calls: list[tuple[int, ...]] = []  # prompts seen, in order
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self._version = version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        text = self.responses[len(self.calls) % len(self.responses)]
+        self.calls.append(tuple(prompt_ids))
+        ids = list(self.encode(text))[: sampling.max_new_tokens]
+        for i, tok in enumerate(ids):
+            if tok in sampling.stop_token_ids:
+                ids = ids[: i + 1]
+                return Generation(tuple(ids), (0.0,) * len(ids), "stop")
+        return Generation(tuple(ids), (0.0,) * len(ids), "length")

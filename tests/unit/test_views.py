@@ -1,0 +1,103 @@
+"""Loss masks: no observation or prompt token ever carries loss weight; context rules."""
+
+import asyncio
+from itertools import islice
+
+import pytest
+
+from steprl.envs.registry import make_env, make_tasks
+from steprl.rollout.chat import PlainFormat
+from steprl.rollout.context import CONTEXT_RULES, AppendOnly, DropOldObservations, KeepLastK
+from steprl.rollout.engines.base import SamplingParams
+from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.engines.scripted import ScriptedEngine
+from steprl.rollout.loop import Budgets, rollout_groups, run_episode
+from steprl.rollout.views import packed_view, per_step_view
+from steprl.types import EndReason
+
+
+def _expert_traj(tokenizer, rule=AppendOnly()):
+    task = next(make_tasks("calculator", "train", 5, min_calls=3, max_calls=3))
+    from steprl.envs.library.calculator.policies import plan
+
+    steps = plan(task.prompt)
+    del steps
+    env = make_env("calculator")
+    # replay the expert's actions through a scripted engine
+    import random
+
+    from steprl.envs.library.calculator.policies import expert
+
+    history: list[tuple[str, str]] = []
+    probe = make_env("calculator")
+    probe.reset(task, 0)
+    actions = []
+    while True:
+        a = expert(task, history, random.Random(0))
+        actions.append(a)
+        tr = probe.step(a)
+        if tr.terminated:
+            break
+        history.append((a, tr.observation))
+    engine = ScriptedEngine(actions, lambda s: tokenizer.encode(s, add_special_tokens=False))
+    return asyncio.run(run_episode(env, task, engine=engine, fmt=PlainFormat(tokenizer), rule=rule,
+                                   sampling=SamplingParams(), budgets=Budgets(), group_id="g", seed=0))
+
+
+def test_packed_view_masks_exactly_the_action_tokens(tokenizer):
+    traj = _expert_traj(tokenizer)
+    assert traj.end is EndReason.ANSWERED and len(traj.steps) == 4
+    s = packed_view(traj, 0)
+    assert len(s.input_ids) == len(s.loss_mask) == len(s.old_logprobs)
+    # rebuild the expected mask from the steps
+    pos = len(traj.steps[0].prompt_ids)
+    expected = [0] * pos
+    for st in traj.steps:
+        expected += [1] * len(st.action_ids) + [0] * len(st.observation_ids)
+    assert list(s.loss_mask) == expected[: len(s.input_ids)]
+    # every masked-in token is an action token and no observation token is masked in
+    obs_text = PlainFormat(tokenizer).decode([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m == 0])
+    act_text = PlainFormat(tokenizer).decode([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m == 1])
+    assert "<result>" in obs_text and "<result>" not in act_text
+    assert act_text.count("<calc>") == 3 and "<answer>" in act_text
+
+
+def test_per_step_view_masks_only_each_steps_action(tokenizer):
+    traj = _expert_traj(tokenizer)
+    rows = per_step_view(traj, 2)
+    assert len(rows) == len(traj.steps)
+    for row, st in zip(rows, traj.steps, strict=True):
+        assert sum(row.loss_mask) == len(st.action_ids)
+        assert row.input_ids[-len(st.action_ids):] == st.action_ids
+        assert row.traj_index == 2
+
+
+def test_packed_view_refuses_non_append_only_context(tokenizer):
+    traj = _expert_traj(tokenizer, rule=KeepLastK(1))
+    with pytest.raises(ValueError, match="append_only"):
+        packed_view(traj, 0)
+
+
+def test_context_rules():
+    init = (1, 2)
+    hist = [((10,), (11,)), ((20,), (21,)), ((30,), (31,))]
+    assert AppendOnly().next_prompt(init, hist) == (1, 2, 10, 11, 20, 21, 30, 31)
+    assert KeepLastK(1).next_prompt(init, hist) == (1, 2, 30, 31)
+    assert KeepLastK(0).next_prompt(init, hist) == (1, 2)
+    assert DropOldObservations(1).next_prompt(init, hist) == (1, 2, 10, 20, 30, 31)
+    assert set(CONTEXT_RULES) == {"append_only", "keep_last_k", "drop_old_observations"}
+
+
+def test_no_observation_token_carries_weight_on_sampled_rollouts(tokenizer, small_model):
+    """On real engine rollouts (random tiny model: lots of error observations), the masks hold."""
+    engine = HFEngine(small_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    tasks = list(islice(make_tasks("calculator", "train", 1), 4))
+    groups = asyncio.run(rollout_groups(tasks, 3, make_env=lambda t: make_env("calculator"), engine=engine,
+                                        fmt=PlainFormat(tokenizer), rule=AppendOnly(), sampling=SamplingParams(),
+                                        budgets=Budgets(max_turns=3, max_tokens_per_turn=12), seed=0))
+    for g in groups:
+        for t in g.trajectories:
+            s = packed_view(t, 0)
+            n_obs_in_view = sum(len(st.observation_ids) for st in t.steps[:-1])
+            assert s.loss_mask.count(1) == t.num_action_tokens
+            assert s.loss_mask.count(0) == len(t.steps[0].prompt_ids) + n_obs_in_view
