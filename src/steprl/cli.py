@@ -33,12 +33,18 @@ def train(
     cfg = _load(config, set_)
     result = run_training(cfg, log=console.print)
     w, f = result.warm_start, result.final
-    console.print(f"\n[bold]held-out success[/bold] ({int(f['eval/tasks'])} tasks, "
-                  f"temperature {cfg.trainer.eval_temperature}):")
-    console.print(f"  warm start : success {w['eval/success']:.3f}  tool-call rate {w['eval/tool_call_rate']:.3f}  "
-                  f"calls/solved {w['eval/calls_per_success']:.2f}")
-    console.print(f"  RL-trained : success {f['eval/success']:.3f}  tool-call rate {f['eval/tool_call_rate']:.3f}  "
-                  f"calls/solved {f['eval/calls_per_success']:.2f}")
+    console.print(
+        f"\n[bold]held-out success[/bold] ({int(f['eval/tasks'])} tasks, "
+        f"temperature {cfg.trainer.eval_temperature}):"
+    )
+    console.print(
+        f"  warm start : success {w['eval/success']:.3f}  tool-call rate {w['eval/tool_call_rate']:.3f}  "
+        f"calls/solved {w['eval/calls_per_success']:.2f}"
+    )
+    console.print(
+        f"  RL-trained : success {f['eval/success']:.3f}  tool-call rate {f['eval/tool_call_rate']:.3f}  "
+        f"calls/solved {f['eval/calls_per_success']:.2f}"
+    )
     console.print(f"run directory: {result.run_dir}")
 
 
@@ -69,8 +75,9 @@ def eval_(
     from steprl.training.evaluate_cli import evaluate_checkpoint
 
     if not (checkpoint / "config.yaml").exists():
-        console.print(f"[red]{checkpoint} is not a checkpoint (no config.yaml); "
-                      "pass runs/<name>/checkpoint[/red]")
+        console.print(
+            f"[red]{checkpoint} is not a checkpoint (no config.yaml); pass runs/<name>/checkpoint[/red]"
+        )
         raise typer.Exit(2)
     cfg = _load(checkpoint / "config.yaml", set_)
     metrics = evaluate_checkpoint(checkpoint, cfg, tasks=tasks, temperature=temperature)
@@ -93,5 +100,3 @@ def check_env_cmd(name: str = typer.Argument(..., help="A registered environment
 
 def main() -> None:  # pragma: no cover
     app(sys.argv[1:])
-
-

@@ -121,7 +121,7 @@ class AlgorithmSection(_Section):
 
 
 class TrainerSection(_Section):
-    total_steps: int = Field(40, ge=0)
+    total_steps: int = Field(50, ge=0)
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
@@ -170,7 +170,9 @@ def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]
     cls: Any = model
     for part in loc[:-1]:
         field = cls.model_fields.get(str(part)) if hasattr(cls, "model_fields") else None
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
             return []
         cls = field.annotation
     return sorted(cls.model_fields) if hasattr(cls, "model_fields") else []

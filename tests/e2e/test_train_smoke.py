@@ -13,18 +13,37 @@ from steprl.training.trainer import train
 pytestmark = pytest.mark.e2e
 
 SMALL = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "model.sft.steps=30", "model.sft.num_episodes=300",
-    "rollout.tasks_per_step=4", "rollout.group_size=4", "rollout.max_turns=4", "rollout.max_tokens_per_turn=24",
-    "trainer.total_steps=3", "trainer.eval_tasks=8", "trainer.eval_every=2", "trainer.lr=3e-3",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.sft.skill_steps=20",
+    "model.sft.steps=10",
+    "model.sft.num_episodes=200",
+    "model.sft.batch_size=32",
+    "rollout.tasks_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_turns=4",
+    "rollout.max_tokens_per_turn=24",
+    "trainer.total_steps=3",
+    "trainer.eval_tasks=8",
+    "trainer.eval_every=2",
+    "trainer.lr=3e-3",
     "logging.progress=false",
 ]
 
 
 def _cfg(tmp_path, name, extra=()):
-    return load_config("configs/calculator_tiny.yaml", [
-        *SMALL, f"run.output_dir={tmp_path / 'runs'}", f"run.name={name}",
-        f"model.cache_dir={tmp_path / 'cache'}", *extra])
+    return load_config(
+        "configs/calculator_tiny.yaml",
+        [
+            *SMALL,
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.name={name}",
+            f"model.cache_dir={tmp_path / 'cache'}",
+            *extra,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +72,23 @@ def test_run_directory_is_complete(two_runs):
 def test_every_step_reports_the_required_metrics_and_in_equals_out(two_runs):
     _, result, _ = two_runs
     for m in result.history:
-        for key in ("reward/mean", "reward/std", "reward/group_std_mean", "reward/zero_variance_group_frac",
-                    "actor/entropy", "actor/grad_norm", "actor/clip_frac", "actor/approx_kl",
-                    "episode/action_tokens_mean", "episode/turns_mean", "tools/valid_frac",
-                    "end/answered", "end/truncated", "end/policy_error", "end/infra_failed"):
+        for key in (
+            "reward/mean",
+            "reward/std",
+            "reward/group_std_mean",
+            "reward/zero_variance_group_frac",
+            "actor/entropy",
+            "actor/grad_norm",
+            "actor/clip_frac",
+            "actor/approx_kl",
+            "episode/action_tokens_mean",
+            "episode/turns_mean",
+            "tools/valid_frac",
+            "end/answered",
+            "end/truncated",
+            "end/policy_error",
+            "end/infra_failed",
+        ):
             assert key in m, key
         assert m["traj/in"] == m["traj/out"] == 16
         assert m["actor/engine_logprob_diff_max"] < 1e-4
@@ -67,8 +99,11 @@ def test_parameters_change_and_checkpoint_loads(two_runs, tmp_path):
     cached = next((tmp / "cache").iterdir())
     before = AutoModelForCausalLM.from_pretrained(cached)
     after = AutoModelForCausalLM.from_pretrained(result.run_dir / "checkpoint")
-    changed = [n for (n, p), (_, q) in zip(before.named_parameters(), after.named_parameters(), strict=True)
-               if not torch.equal(p, q)]
+    changed = [
+        n
+        for (n, p), (_, q) in zip(before.named_parameters(), after.named_parameters(), strict=True)
+        if not torch.equal(p, q)
+    ]
     assert len(changed) == len(list(before.parameters()))
 
 

@@ -45,7 +45,8 @@ def test_env_params_reach_the_factory():
 def test_registry_lookup():
     assert isinstance(make_env("calculator", max_invalid_actions=1), CalculatorEnv)
     assert [t.id for t in registry_tasks("calculator", "eval", 0, 3)] == [
-        t.id for t in make_tasks("eval", 0, 3)]
+        t.id for t in make_tasks("eval", 0, 3)
+    ]
     with pytest.raises(UnknownEnvError, match="registered envs: calculator") as info:
         get_spec("calculater")
     assert isinstance(info.value, KeyError)

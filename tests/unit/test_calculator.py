@@ -32,8 +32,17 @@ from steprl.types import Task
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [("3+4", 7), ("3-7", -4), ("6*7", 42), (" 12*12 ", 144), ("5--4", 9), ("-4*5", -20), ("(8)", 8),
-     ("-3", -3), ("1000*1000", 10**6)],
+    [
+        ("3+4", 7),
+        ("3-7", -4),
+        ("6*7", 42),
+        (" 12*12 ", 144),
+        ("5--4", 9),
+        ("-4*5", -20),
+        ("(8)", 8),
+        ("-3", -3),
+        ("1000*1000", 10**6),
+    ],
 )
 def test_evaluates_one_operation(expression: str, value: int):
     assert evaluate(expression) == value
@@ -117,8 +126,11 @@ def test_call_counts_are_drawn_from_the_range_and_templates_match():
     tasks = list(make_tasks("train", 1, 600))
     counts = {t.params["num_calls"] for t in tasks}
     assert counts == {1, 2, 3}
-    patterns = {1: r"\d+[-+*]\d+", 2: r"\(\d+[-+*]\d+\)[-+*]\d+|\d+[-+*]\(\d+[-+*]\d+\)",
-                3: r"\(\d+[-+*]\d+\)[-+*]\(\d+[-+*]\d+\)"}
+    patterns = {
+        1: r"\d+[-+*]\d+",
+        2: r"\(\d+[-+*]\d+\)[-+*]\d+|\d+[-+*]\(\d+[-+*]\d+\)",
+        3: r"\(\d+[-+*]\d+\)[-+*]\(\d+[-+*]\d+\)",
+    }
     for task in tasks:
         assert re.fullmatch(patterns[task.params["num_calls"]], task.prompt), task.prompt
         assert all(1 <= int(x) <= 20 for x in re.findall(r"\d+", task.prompt))
@@ -160,13 +172,20 @@ def _run(
 def test_expert_uses_the_canonical_actions():
     task = Task(id="t", prompt="(3+4)*(9-5)", env="calculator", answer="28")
     history, transitions = _run(CalculatorEnv(), task, expert)
-    assert [a for a, _ in history] == ["<calc>3+4</calc>", "<calc>9-5</calc>", "<calc>7*4</calc>",
-                                       "<answer>28</answer>"]
+    assert [a for a, _ in history] == [
+        "<calc>3+4</calc>",
+        "<calc>9-5</calc>",
+        "<calc>7*4</calc>",
+        "<answer>28</answer>",
+    ]
     assert [o for _, o in history] == ["<result>7</result>", "<result>4</result>", "<result>28</result>", ""]
     assert transitions[-1].reward == 1.0
     task = Task(id="u", prompt="2-(3*5)", env="calculator", answer="-13")
     assert [a for a, _ in _run(CalculatorEnv(), task, expert)[0]] == [
-        "<calc>3*5</calc>", "<calc>2-15</calc>", "<answer>-13</answer>"]
+        "<calc>3*5</calc>",
+        "<calc>2-15</calc>",
+        "<answer>-13</answer>",
+    ]
 
 
 def test_expert_solves_200_tasks_with_several_calls():
@@ -254,8 +273,9 @@ def test_tool_errors_are_observations_but_other_exceptions_propagate():
         raise ToolError("no")
 
     schema = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
-    env = ToolEnv([FunctionTool("calc", "d", schema, broken), FunctionTool("picky", "d", schema, picky)],
-                  verify)
+    env = ToolEnv(
+        [FunctionTool("calc", "d", schema, broken), FunctionTool("picky", "d", schema, picky)], verify
+    )
     env.reset(TASK, 0)
     assert env.step("<picky>1</picky>").observation == "<error>no</error>"
     with pytest.raises(OSError, match="disk on fire"):

@@ -16,8 +16,19 @@ from steprl.types import EndReason, Task
 
 
 def _run(env, task, engine, fmt, budgets=Budgets()):
-    return asyncio.run(run_episode(env, task, engine=engine, fmt=fmt, rule=AppendOnly(),
-                                   sampling=SamplingParams(), budgets=budgets, group_id="g", seed=0))
+    return asyncio.run(
+        run_episode(
+            env,
+            task,
+            engine=engine,
+            fmt=fmt,
+            rule=AppendOnly(),
+            sampling=SamplingParams(),
+            budgets=budgets,
+            group_id="g",
+            seed=0,
+        )
+    )
 
 
 @pytest.fixture
@@ -59,8 +70,13 @@ def test_turn_budget_truncates(tokenizer, task):
 
 def test_token_budgets(tokenizer, task):
     engine = ScriptedEngine(["<calc>11111+1</calc>"], _encode(tokenizer))
-    traj = _run(make_env("calculator"), task, engine, PlainFormat(tokenizer),
-                Budgets(max_turns=50, max_tokens_per_turn=4, max_total_tokens=60))
+    traj = _run(
+        make_env("calculator"),
+        task,
+        engine,
+        PlainFormat(tokenizer),
+        Budgets(max_turns=50, max_tokens_per_turn=4, max_total_tokens=60),
+    )
     assert all(len(s.action_ids) <= 4 for s in traj.steps)
     assert all(s.info["finish_reason"] == "length" for s in traj.steps)
     assert traj.end in (EndReason.TRUNCATED, EndReason.POLICY_ERROR)
@@ -126,8 +142,19 @@ def test_groups_one_env_per_episode_and_in_equals_out(tokenizer):
         return env
 
     engine = ScriptedEngine(["<answer>0</answer>"], _encode(tokenizer))
-    groups = asyncio.run(rollout_groups(tasks, 4, make_env=factory, engine=engine, fmt=PlainFormat(tokenizer),
-                                        rule=AppendOnly(), sampling=SamplingParams(), budgets=Budgets(), seed=1))
+    groups = asyncio.run(
+        rollout_groups(
+            tasks,
+            4,
+            make_env=factory,
+            engine=engine,
+            fmt=PlainFormat(tokenizer),
+            rule=AppendOnly(),
+            sampling=SamplingParams(),
+            budgets=Budgets(),
+            seed=1,
+        )
+    )
     assert len(made) == 20 and len({id(e) for e in made}) == 20
     assert [len(g.trajectories) for g in groups] == [4] * 5
     assert all(len({t.group_id for t in g.trajectories}) == 1 for g in groups)

@@ -38,8 +38,9 @@ def test_ppo_clip_hand_computed():
 
 
 def test_clip_higher_is_asymmetric():
-    out = ppo_clip(torch.log(torch.tensor([[1.25]])), torch.zeros(1, 1), torch.ones(1, 1),
-                   clip_low=0.2, clip_high=0.28)
+    out = ppo_clip(
+        torch.log(torch.tensor([[1.25]])), torch.zeros(1, 1), torch.ones(1, 1), clip_low=0.2, clip_high=0.28
+    )
     assert math.isclose(out.loss_per_token.item(), -1.25, rel_tol=1e-6)  # inside [0.8, 1.28]
 
 

@@ -18,8 +18,9 @@ from steprl.envs.parsing import (
 )
 from steprl.types import Task
 
-SYNTAX = ActionSyntax(tag_tools={"calc": "expression", "search": "query"},
-                      json_tools=frozenset({"calc", "search", "lookup"}))
+SYNTAX = ActionSyntax(
+    tag_tools={"calc": "expression", "search": "query"}, json_tools=frozenset({"calc", "search", "lookup"})
+)
 
 
 def parse(text: str):
@@ -33,6 +34,7 @@ def reason(text: str, syntax: ActionSyntax = SYNTAX) -> str:
 
 
 # --- valid actions ---------------------------------------------------------------------------
+
 
 def test_tag_call_binds_body_to_the_single_argument():
     assert parse("<calc>3+4</calc>") == ToolCall("calc", {"expression": "3+4"}, "tag")
@@ -78,6 +80,7 @@ def test_action_kind():
 
 # --- invalid actions ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -98,8 +101,10 @@ def test_action_kind():
         ('<tool_call>{"arguments": {}}</tool_call>', 'tool_call needs a "name" string'),
         ('<tool_call>{"name": "calc", "arguments": "3+4"}</tool_call>', '"arguments" must be an object'),
         ('<tool_call>{"name": "calc", "arguments": [1]}</tool_call>', '"arguments" must be an object'),
-        ('<tool_call>{"name": "calc", "arguments": {"x": NaN}}</tool_call>',
-         "bad JSON: NaN is not valid JSON"),
+        (
+            '<tool_call>{"name": "calc", "arguments": {"x": NaN}}</tool_call>',
+            "bad JSON: NaN is not valid JSON",
+        ),
         ('<tool_call>{"name": "calc", "name": "calc"}</tool_call>', "bad JSON: duplicate key 'name'"),
     ],
 )
@@ -141,6 +146,7 @@ def test_unicode_is_fine():
 
 # --- syntax and stop strings ---------------------------------------------------------------------
 
+
 def test_stop_strings():
     assert SYNTAX.stop_strings == ("</calc>", "</search>", "</tool_call>", "</answer>")
     assert stop_strings(["calc"]) == ("</calc>", "</tool_call>", "</answer>")
@@ -161,8 +167,28 @@ def test_bad_syntax_is_refused_with_a_fix():
 # --- fuzz: any string is a call, an answer, or answered with an <error> observation ---------------
 
 TASK = Task(id="t", prompt="(3+4)*5", env="calculator", answer="35")
-FRAGMENTS = ["<calc>", "</calc>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "<think>",
-             "</think>", "{", "}", '"', '"name"', '"calc"', '"arguments"', ":", ",", "3+4", "35", "[", " "]
+FRAGMENTS = [
+    "<calc>",
+    "</calc>",
+    "<answer>",
+    "</answer>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "{",
+    "}",
+    '"',
+    '"name"',
+    '"calc"',
+    '"arguments"',
+    ":",
+    ",",
+    "3+4",
+    "35",
+    "[",
+    " ",
+]
 mixed = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=5)), max_size=20).map("".join)
 
 

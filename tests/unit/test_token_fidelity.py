@@ -23,10 +23,19 @@ from steprl.training.learner import collate, token_logprobs
 def _rollouts(tokenizer, model, rule, temperature):
     engine = HFEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=3)
     tasks = list(islice(make_tasks("calculator", "train", 2), 6))
-    groups = asyncio.run(rollout_groups(
-        tasks, 3, make_env=lambda t: make_env("calculator"), engine=engine, fmt=PlainFormat(tokenizer),
-        rule=rule, sampling=SamplingParams(temperature=temperature),
-        budgets=Budgets(max_turns=3, max_tokens_per_turn=16), seed=0))
+    groups = asyncio.run(
+        rollout_groups(
+            tasks,
+            3,
+            make_env=lambda t: make_env("calculator"),
+            engine=engine,
+            fmt=PlainFormat(tokenizer),
+            rule=rule,
+            sampling=SamplingParams(temperature=temperature),
+            budgets=Budgets(max_turns=3, max_tokens_per_turn=16),
+            seed=0,
+        )
+    )
     return [t for g in groups for t in g.trajectories]
 
 
@@ -70,7 +79,9 @@ def test_engine_batches_concurrent_requests(tokenizer, small_model):
 
     async def many():
         sp = SamplingParams(max_new_tokens=5)
-        return await asyncio.gather(*[engine.generate([tokenizer.bos_token_id] + [20] * i, sp) for i in range(1, 9)])
+        return await asyncio.gather(
+            *[engine.generate([tokenizer.bos_token_id] + [20] * i, sp) for i in range(1, 9)]
+        )
 
     gens = asyncio.run(many())
     assert len(gens) == 8 and all(len(g.token_ids) == len(g.logprobs) for g in gens)

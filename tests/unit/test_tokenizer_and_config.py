@@ -11,7 +11,9 @@ from steprl.models.tiny import TAGS, build_tokenizer
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", ""), max_size=60))
+@given(
+    st.text(alphabet=string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", ""), max_size=60)
+)
 def test_tokenizer_roundtrips_printable_ascii(text):
     tokenizer = build_tokenizer()
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text

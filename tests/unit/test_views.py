@@ -40,8 +40,19 @@ def _expert_traj(tokenizer, rule=AppendOnly()):
             break
         history.append((a, tr.observation))
     engine = ScriptedEngine(actions, lambda s: tokenizer.encode(s, add_special_tokens=False))
-    return asyncio.run(run_episode(env, task, engine=engine, fmt=PlainFormat(tokenizer), rule=rule,
-                                   sampling=SamplingParams(), budgets=Budgets(), group_id="g", seed=0))
+    return asyncio.run(
+        run_episode(
+            env,
+            task,
+            engine=engine,
+            fmt=PlainFormat(tokenizer),
+            rule=rule,
+            sampling=SamplingParams(),
+            budgets=Budgets(),
+            group_id="g",
+            seed=0,
+        )
+    )
 
 
 def test_packed_view_masks_exactly_the_action_tokens(tokenizer):
@@ -56,8 +67,12 @@ def test_packed_view_masks_exactly_the_action_tokens(tokenizer):
         expected += [1] * len(st.action_ids) + [0] * len(st.observation_ids)
     assert list(s.loss_mask) == expected[: len(s.input_ids)]
     # every masked-in token is an action token and no observation token is masked in
-    obs_text = PlainFormat(tokenizer).decode([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m == 0])
-    act_text = PlainFormat(tokenizer).decode([t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m == 1])
+    obs_text = PlainFormat(tokenizer).decode(
+        [t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m == 0]
+    )
+    act_text = PlainFormat(tokenizer).decode(
+        [t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m == 1]
+    )
     assert "<result>" in obs_text and "<result>" not in act_text
     assert act_text.count("<calc>") == 3 and "<answer>" in act_text
 
@@ -68,7 +83,7 @@ def test_per_step_view_masks_only_each_steps_action(tokenizer):
     assert len(rows) == len(traj.steps)
     for row, st in zip(rows, traj.steps, strict=True):
         assert sum(row.loss_mask) == len(st.action_ids)
-        assert row.input_ids[-len(st.action_ids):] == st.action_ids
+        assert row.input_ids[-len(st.action_ids) :] == st.action_ids
         assert row.traj_index == 2
 
 
@@ -92,9 +107,19 @@ def test_no_observation_token_carries_weight_on_sampled_rollouts(tokenizer, smal
     """On real engine rollouts (random tiny model: lots of error observations), the masks hold."""
     engine = HFEngine(small_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     tasks = list(islice(make_tasks("calculator", "train", 1), 4))
-    groups = asyncio.run(rollout_groups(tasks, 3, make_env=lambda t: make_env("calculator"), engine=engine,
-                                        fmt=PlainFormat(tokenizer), rule=AppendOnly(), sampling=SamplingParams(),
-                                        budgets=Budgets(max_turns=3, max_tokens_per_turn=12), seed=0))
+    groups = asyncio.run(
+        rollout_groups(
+            tasks,
+            3,
+            make_env=lambda t: make_env("calculator"),
+            engine=engine,
+            fmt=PlainFormat(tokenizer),
+            rule=AppendOnly(),
+            sampling=SamplingParams(),
+            budgets=Budgets(max_turns=3, max_tokens_per_turn=12),
+            seed=0,
+        )
+    )
     for g in groups:
         for t in g.trajectories:
             s = packed_view(t, 0)

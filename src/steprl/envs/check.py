@@ -86,8 +86,9 @@ def check_env(
     task_params: Mapping[str, Any] | None = None,
 ) -> EnvCheckReport:
     """Run every check on the registered env `name` (see the module docstring)."""
-    return check_spec(get_spec(name), n_tasks=n_tasks, seed=seed, env_params=env_params,
-                      task_params=task_params)
+    return check_spec(
+        get_spec(name), n_tasks=n_tasks, seed=seed, env_params=env_params, task_params=task_params
+    )
 
 
 def check_spec(
@@ -102,8 +103,9 @@ def check_spec(
 
     Runs its own event loop (`asyncio.run`); inside a running loop, await `acheck_spec` instead.
     """
-    return asyncio.run(acheck_spec(spec, n_tasks=n_tasks, seed=seed, env_params=env_params,
-                                   task_params=task_params))
+    return asyncio.run(
+        acheck_spec(spec, n_tasks=n_tasks, seed=seed, env_params=env_params, task_params=task_params)
+    )
 
 
 async def acheck_spec(
@@ -128,17 +130,26 @@ async def acheck_spec(
     ]
     for episode in experts:
         if "outcome" not in episode.transitions[-1].info["reward_components"]:
-            _fail(name, f"the last step of task {episode.task.id!r} has no 'outcome' reward component; "
-                        "report the verifier's score as reward_components['outcome'].")
+            _fail(
+                name,
+                f"the last step of task {episode.task.id!r} has no 'outcome' reward component; "
+                "report the verifier's score as reward_components['outcome'].",
+            )
         if not episode.ended or not math.isclose(episode.outcome, 1.0):
-            _fail(name, f"the expert did not solve task {episode.task.id!r} ({episode.task.prompt[:80]!r}) "
-                        f"within {spec.max_turns} turns: outcome={episode.outcome}, "
-                        f"actions={episode.actions}. Fix the expert, the verifier, or raise "
-                        "EnvSpec.max_turns.")
+            _fail(
+                name,
+                f"the expert did not solve task {episode.task.id!r} ({episode.task.prompt[:80]!r}) "
+                f"within {spec.max_turns} turns: outcome={episode.outcome}, "
+                f"actions={episode.actions}. Fix the expert, the verifier, or raise "
+                "EnvSpec.max_turns.",
+            )
         replay = await _replay(spec, replay_env, episode)
         if replay.first != episode.first or replay.trace() != episode.trace():
-            _fail(name, f"replaying task {episode.task.id!r} with the same seed and actions gave different "
-                        "observations or rewards; draw all randomness from the seed passed to reset().")
+            _fail(
+                name,
+                f"replaying task {episode.task.id!r} with the same seed and actions gave different "
+                "observations or rewards; draw all randomness from the seed passed to reset().",
+            )
 
     for action in MALFORMED_ACTIONS:
         await _check_malformed(spec, env, tasks[0], action)
@@ -195,20 +206,27 @@ def _check_tasks(spec: EnvSpec, n: int, seed: int, params: dict[str, Any]) -> li
         if not isinstance(task, Task):
             _fail(name, f"the task factory yielded {type(task).__name__}; yield steprl.types.Task records.")
         if task.env != name:
-            _fail(name, f"task {task.id!r} has env={task.env!r}; set Task.env to the registered name "
-                        f"{name!r}.")
+            _fail(
+                name, f"task {task.id!r} has env={task.env!r}; set Task.env to the registered name {name!r}."
+            )
     if len({t.id for t in train}) != len(train):
         _fail(name, "task ids repeat within a sample; include an index in Task.id.")
     if sample("train", n) != train:
-        _fail(name, f"tasks('train', {seed}) differ between two calls; seed a local random.Random(seed) "
-                    "instead of using global or time-based randomness.")
+        _fail(
+            name,
+            f"tasks('train', {seed}) differ between two calls; seed a local random.Random(seed) "
+            "instead of using global or time-based randomness.",
+        )
     evals = sample("eval", n)
     if not evals:
         _fail(name, "the eval split is empty; the task factory must yield tasks for 'eval'.")
     overlap = {t.prompt for t in sample("train", max(5 * n, 100))} & {t.prompt for t in evals}
     if overlap:
-        _fail(name, f"train and eval share prompts such as {sorted(overlap)[0][:80]!r}; assign each task "
-                    "to one split by a stable hash of its content.")
+        _fail(
+            name,
+            f"train and eval share prompts such as {sorted(overlap)[0][:80]!r}; assign each task "
+            "to one split by a stable hash of its content.",
+        )
     return train
 
 
@@ -220,11 +238,17 @@ def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
     if not isinstance(env, Env):
         _fail(spec.name, f"factory returned {type(env).__name__}, which lacks reset/step/close/stop_strings.")
     stops = getattr(env, "stop_strings", None)
-    if isinstance(stops, str) or not isinstance(stops, Sequence) or not stops or not all(
-        isinstance(s, str) and s for s in stops
+    if (
+        isinstance(stops, str)
+        or not isinstance(stops, Sequence)
+        or not stops
+        or not all(isinstance(s, str) and s for s in stops)
     ):
-        _fail(spec.name, f"stop_strings={stops!r}; give a non-empty list of non-empty strings, e.g. the "
-                         "close tags of the calls and the answer (steprl.envs.parsing.stop_strings).")
+        _fail(
+            spec.name,
+            f"stop_strings={stops!r}; give a non-empty list of non-empty strings, e.g. the "
+            "close tags of the calls and the answer (steprl.envs.parsing.stop_strings).",
+        )
     return env
 
 
@@ -234,8 +258,9 @@ async def _reset(spec: EnvSpec, env: Env, task: Task) -> str:
     except Exception as exc:
         raise EnvCheckError(f"env {spec.name!r}: reset() raised {exc!r} on task {task.id!r}.") from exc
     if not isinstance(first, Observation) or not isinstance(first.text, str):
-        _fail(spec.name, f"reset() returned {type(first).__name__}; return "
-                         "steprl.envs.base.Observation(text).")
+        _fail(
+            spec.name, f"reset() returned {type(first).__name__}; return steprl.envs.base.Observation(text)."
+        )
     return first.text
 
 
@@ -264,28 +289,36 @@ def _check_transition(name: str, t: object) -> None:
         _fail(name, f"reward={t.reward!r}; it must be a finite float.")
     components = t.info.get("reward_components") if isinstance(t.info, Mapping) else None
     if not isinstance(components, Mapping) or not all(_finite(v) for v in components.values()):
-        _fail(name, f"info['reward_components']={components!r}; give a dict of finite floats, e.g. "
-                    "steprl.envs.rewards.RewardBreakdown(...).as_dict().")
+        _fail(
+            name,
+            f"info['reward_components']={components!r}; give a dict of finite floats, e.g. "
+            "steprl.envs.rewards.RewardBreakdown(...).as_dict().",
+        )
         return
     if not math.isclose(sum(components.values()), t.reward, rel_tol=1e-9, abs_tol=1e-9):
-        _fail(name, f"reward {t.reward} != sum of reward_components {dict(components)}; set "
-                    "reward=breakdown.total from the same RewardBreakdown.")
+        _fail(
+            name,
+            f"reward {t.reward} != sum of reward_components {dict(components)}; set "
+            "reward=breakdown.total from the same RewardBreakdown.",
+        )
 
 
 def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-async def _episode(spec: EnvSpec, env: Env, task: Task, policy: Policy, rng: random.Random,
-                   who: str) -> _Episode:
+async def _episode(
+    spec: EnvSpec, env: Env, task: Task, policy: Policy, rng: random.Random, who: str
+) -> _Episode:
     episode = _Episode(task, await _reset(spec, env, task), [], [])
     history: list[tuple[str, str]] = []
     for _ in range(spec.max_turns):
         try:
             action = policy(task, history, rng)
         except Exception as exc:
-            raise EnvCheckError(f"env {spec.name!r}: the {who} policy raised {exc!r} on task {task.id!r}.") \
-                from exc
+            raise EnvCheckError(
+                f"env {spec.name!r}: the {who} policy raised {exc!r} on task {task.id!r}."
+            ) from exc
         if not isinstance(action, str):
             _fail(spec.name, f"the {who} policy returned {type(action).__name__}; policies return str.")
         transition = await _step(spec, env, task, action, who)
@@ -312,5 +345,8 @@ async def _check_malformed(spec: EnvSpec, env: Env, task: Task, action: str) -> 
     if t.info["reward_components"].get("outcome", 0.0) != 0.0:
         _fail(spec.name, f"malformed action {action[:40]!r} earned an outcome reward.")
     if not t.terminated and not t.observation:
-        _fail(spec.name, f"malformed action {action[:40]!r} got an empty observation; tell the model what "
-                         "was wrong, e.g. '<error>no tool call or answer</error>'.")
+        _fail(
+            spec.name,
+            f"malformed action {action[:40]!r} got an empty observation; tell the model what "
+            "was wrong, e.g. '<error>no tool call or answer</error>'.",
+        )

@@ -122,8 +122,13 @@ class ActionSyntax:
         return parse_action(text, self)
 
 
-def stop_strings(tag_tools: Iterable[str], *, json_calls: bool = True, answer_tag: str = "answer",
-                 call_tag: str = "tool_call") -> tuple[str, ...]:
+def stop_strings(
+    tag_tools: Iterable[str],
+    *,
+    json_calls: bool = True,
+    answer_tag: str = "answer",
+    call_tag: str = "tool_call",
+) -> tuple[str, ...]:
     """Stop strings for a set of tag-style tools: `</name>` each, `</tool_call>`, `</answer>`."""
     tags = [*tag_tools] + ([call_tag] if json_calls else []) + [answer_tag]
     return tuple(f"</{t}>" for t in tags)
@@ -152,7 +157,7 @@ def parse_action(text: str, syntax: ActionSyntax) -> Action:
     end = visible.find(close, opening.end())
     if end < 0:
         return InvalidAction(f"unclosed <{tag}>")
-    body = visible[opening.end():end]
+    body = visible[opening.end() : end]
     if syntax._open.search(body) is not None:
         return InvalidAction(f"nested tag inside <{tag}>")
     if syntax._open.search(visible, end + len(close)) is not None:
@@ -176,7 +181,7 @@ def _drop_blocks(text: str, tag: str) -> str:
     open_tag, close_tag = f"<{tag}>", f"</{tag}>"
     first_close, first_open = text.find(close_tag), text.find(open_tag)
     if first_close >= 0 and (first_open < 0 or first_close < first_open):
-        text = text[first_close + len(close_tag):]
+        text = text[first_close + len(close_tag) :]
     parts: list[str] = []
     pos = 0
     while True:

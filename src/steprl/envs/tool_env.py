@@ -119,7 +119,7 @@ def _shorten(text: str, limit: int) -> str:
         return text
     marker = f"...[{len(text) - limit} chars cut]..."
     head = max(0, (limit - len(marker)) // 2)
-    return text[:head] + marker + text[len(text) - head:] if head else text[:limit]
+    return text[:head] + marker + text[len(text) - head :] if head else text[:limit]
 
 
 class ToolEnv:

@@ -7,10 +7,12 @@ demonstrated action tokens only (observations and prompts are masked, as in RL).
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -19,6 +21,8 @@ from steprl.rollout.chat import PromptFormat
 from steprl.rollout.views import Sample
 from steprl.training.learner import collate, token_logprobs
 from steprl.types import Task
+
+T = TypeVar("T")
 
 #: (task, history of (action, observation)) -> next action text
 Strategy = Callable[..., str]
@@ -29,6 +33,12 @@ class Demo:
     strategy: str
     sample: Sample
     outcome_reward: float
+
+
+def _sync(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        raise TypeError("SFT demonstrations need a synchronous env (reset/step returned an awaitable)")
+    return value
 
 
 def make_demos(
@@ -52,23 +62,22 @@ def make_demos(
     for task in tasks:
         name = rng.choices(names, probs)[0]
         env = make_env(task)
-        first = env.reset(task, seed)
-        assert not hasattr(first, "__await__"), "SFT demos need a synchronous env"
-        ids = list(fmt.initial_ids(getattr(env, "system_prompt", ""), first.text))  # type: ignore[union-attr]
+        first = _sync(env.reset(task, seed))
+        ids = list(fmt.initial_ids(getattr(env, "system_prompt", ""), first.text))
         mask = [0] * len(ids)
         history: list[tuple[str, str]] = []
         reward = 0.0
         for _ in range(max_turns):
             action = strategies[name](task, history, rng)
-            tr = env.step(action)
+            tr = _sync(env.step(action))
             a_ids = fmt.observation_ids(action)  # demo actions are text: encode them once
             ids += a_ids
             mask += [1] * len(a_ids)
-            reward += tr.reward  # type: ignore[union-attr]
-            history.append((action, tr.observation))  # type: ignore[union-attr]
-            if tr.terminated or tr.truncated:  # type: ignore[union-attr]
+            reward += tr.reward
+            history.append((action, tr.observation))
+            if tr.terminated or tr.truncated:
                 break
-            o_ids = fmt.observation_ids(tr.observation)  # type: ignore[union-attr]
+            o_ids = fmt.observation_ids(tr.observation)
             ids += o_ids
             mask += [0] * len(o_ids)
         env.close()
@@ -115,7 +124,9 @@ def sft_train(
         sched.step()
         losses.append(loss.item())
         if (step + 1) % max(1, steps // 10) == 0:
-            log(f"  sft step {step + 1}/{steps}  loss {sum(losses[-20:]) / len(losses[-20:]):.4f}  "
-                f"({time.perf_counter() - t0:.0f}s)")
+            log(
+                f"  sft step {step + 1}/{steps}  loss {sum(losses[-20:]) / len(losses[-20:]):.4f}  "
+                f"({time.perf_counter() - t0:.0f}s)"
+            )
     model.eval()
     return losses

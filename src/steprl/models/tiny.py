@@ -69,7 +69,6 @@ def build_model(vocab_size: int, spec: TinyModelSpec, *, seed: int, pad_id: int,
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         tie_word_embeddings=True,
-        attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)

@@ -16,7 +16,10 @@ History = Sequence[tuple[tuple[int, ...], tuple[int, ...]]]
 
 
 class ContextRule(Protocol):
-    append_only: bool
+    @property
+    def append_only(self) -> bool:
+        """True when every prompt extends the previous context (one packed sequence per trajectory)."""
+        ...
 
     def next_prompt(self, initial: tuple[int, ...], history: History) -> tuple[int, ...]: ...
 
@@ -60,7 +63,9 @@ class DropOldObservations:
 
     def next_prompt(self, initial: tuple[int, ...], history: History) -> tuple[int, ...]:
         cut = len(history) - self.k
-        return _join(initial, [piece for i, (a, o) in enumerate(history) for piece in (a, o if i >= cut else ())])
+        return _join(
+            initial, [piece for i, (a, o) in enumerate(history) for piece in (a, o if i >= cut else ())]
+        )
 
 
 #: name -> factory taking `k` (ignored by append_only). The config picks one by name.

@@ -120,11 +120,25 @@ async def rollout_groups(
         try:
             env = make_env(task)
         except Exception as exc:
-            return Trajectory(task.id, f"{seed}-{t_index}", task.env, (), 0.0, EndReason.INFRA_FAILED,
-                              {"error": f"env creation failed: {type(exc).__name__}: {exc}"})
+            return Trajectory(
+                task.id,
+                f"{seed}-{t_index}",
+                task.env,
+                (),
+                0.0,
+                EndReason.INFRA_FAILED,
+                {"error": f"env creation failed: {type(exc).__name__}: {exc}"},
+            )
         return await run_episode(
-            env, task, engine=engine, fmt=fmt, rule=rule, sampling=sampling, budgets=budgets,
-            group_id=f"{seed}-{t_index}", seed=seed * 1_000_003 + t_index * 1009 + i,
+            env,
+            task,
+            engine=engine,
+            fmt=fmt,
+            rule=rule,
+            sampling=sampling,
+            budgets=budgets,
+            group_id=f"{seed}-{t_index}",
+            seed=seed * 1_000_003 + t_index * 1009 + i,
         )
 
     coros = [one(task, t, i) for t, task in enumerate(tasks) for i in range(group_size)]

@@ -10,8 +10,15 @@ import torch
 
 
 def save_checkpoint(
-    path: Path, *, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, step: int, version: int,
-    config_yaml: str, generator: torch.Generator,
+    path: Path,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    version: int,
+    config_yaml: str,
+    generator: torch.Generator,
 ) -> Path:
     """Write to a temp dir, then rename: a crash mid-save never leaves a half checkpoint."""
     tmp = path.with_name(path.name + ".tmp")

@@ -27,8 +27,17 @@ def evaluate(
 ) -> tuple[dict[str, float], list[Trajectory]]:
     """Return `eval/*` metrics (success, tool-call rate, calls per success, turns) and the rollouts."""
     groups = asyncio.run(
-        rollout_groups(tasks, 1, make_env=make_env, engine=engine, fmt=fmt, rule=rule,
-                       sampling=sampling, budgets=budgets, seed=seed)
+        rollout_groups(
+            tasks,
+            1,
+            make_env=make_env,
+            engine=engine,
+            fmt=fmt,
+            rule=rule,
+            sampling=sampling,
+            budgets=budgets,
+            seed=seed,
+        )
     )
     trajs = [t for g in groups for t in g.trajectories]
     m = rollout_metrics(trajs)

@@ -22,12 +22,20 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
     model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     spec = get_spec(cfg.env.name)
-    engine = HFEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      device=cfg.model.device, seed=cfg.run.seed)
+    engine = HFEngine(
+        model,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        device=cfg.model.device,
+        seed=cfg.run.seed,
+    )
     eval_tasks = list(islice(spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), tasks))
     metrics, _ = evaluate(
-        eval_tasks, make_env=lambda t: spec.factory(**cfg.env.params), engine=engine,
-        fmt=PlainFormat(tokenizer), rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
+        eval_tasks,
+        make_env=lambda t: spec.factory(**cfg.env.params),
+        engine=engine,
+        fmt=PlainFormat(tokenizer),
+        rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
         sampling=SamplingParams(temperature=temperature),
         budgets=Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens),
         seed=777,

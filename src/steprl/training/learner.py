@@ -130,11 +130,25 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 for m0 in range(0, len(mb), self.micro_batch_size):
                     batch = collate(mb[m0 : m0 + self.micro_batch_size], traj_advantages, self.pad_id)
-                    batch = Batch(*(t.to(self.device) for t in (
-                        batch.input_ids, batch.attention, batch.loss_mask, batch.old_logp, batch.advantages)))
-                    logp, entropy = token_logprobs(self.model, batch.input_ids, batch.attention, self.temperature)
+                    batch = Batch(
+                        *(
+                            t.to(self.device)
+                            for t in (
+                                batch.input_ids,
+                                batch.attention,
+                                batch.loss_mask,
+                                batch.old_logp,
+                                batch.advantages,
+                            )
+                        )
+                    )
+                    logp, entropy = token_logprobs(
+                        self.model, batch.input_ids, batch.attention, self.temperature
+                    )
                     out = self.policy_loss(logp, batch.old_logp, batch.advantages)
-                    loss = aggregate(out.loss_per_token, batch.loss_mask, self.aggregation, num_tokens=mb_tokens)
+                    loss = aggregate(
+                        out.loss_per_token, batch.loss_mask, self.aggregation, num_tokens=mb_tokens
+                    )
                     loss.backward()
                     with torch.no_grad():
                         m = batch.loss_mask
@@ -149,7 +163,9 @@ class Learner:
                         ):
                             sums[key] = sums.get(key, 0.0) + float(val) * n
                         tokens_seen += n
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)))
+                grad_norms.append(
+                    float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+                )
                 self.optimizer.step()
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
         metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)

@@ -53,19 +53,23 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
                 f"model.name={cfg.model.name!r} is neither 'tiny' nor a local directory; weights cannot "
                 "be downloaded at run time here, so point model.name at a saved Hugging Face model."
             )
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
         return Policy(model, AutoTokenizer.from_pretrained(path), str(path))
 
     cache = sft_cache_dir(cfg)
     if cfg.model.init == "sft" and (cache / "config.json").exists():
-        model = LlamaForCausalLM.from_pretrained(cache, torch_dtype=torch.float32)
-        return Policy(model, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
+        cached: Any = LlamaForCausalLM.from_pretrained(cache, torch_dtype=torch.float32)
+        return Policy(cached, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
 
     tokenizer = tiny.build_tokenizer()
     spec = tiny.TinyModelSpec(**cfg.model.tiny.model_dump())
     model = tiny.build_model(
-        len(tokenizer), spec, seed=cfg.run.seed, pad_id=tokenizer.pad_token_id,
-        bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id,
+        len(tokenizer),
+        spec,
+        seed=cfg.run.seed,
+        pad_id=tokenizer.pad_token_id,
+        bos_id=tokenizer.bos_token_id,
+        eos_id=tokenizer.eos_token_id,
     )
     if cfg.model.init != "sft":
         return Policy(model, tokenizer, "random init")
@@ -76,8 +80,14 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
     tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
 
     def demos(weights: dict[str, float], seed: int) -> list[sft.Demo]:
-        return sft.make_demos(make_env=lambda task: env_spec.factory(**cfg.env.params), tasks=tasks,
-                              strategies=env_spec.strategies, weights=weights, fmt=fmt, seed=seed)
+        return sft.make_demos(
+            make_env=lambda task: env_spec.factory(**cfg.env.params),
+            tasks=tasks,
+            strategies=env_spec.strategies,
+            weights=weights,
+            fmt=fmt,
+            seed=seed,
+        )
 
     log(f"SFT warm start of the tiny policy {asdict(spec)}")
     for phase, weights, steps, lr in (
@@ -88,10 +98,20 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
             continue
         t0 = time.perf_counter()
         phase_demos = demos(weights, s.seed + len(phase))
-        log(f" phase {phase}: {len(phase_demos)} demonstrations {weights} "
-            f"({time.perf_counter() - t0:.1f}s); {steps} steps of {s.batch_size}")
-        sft.sft_train(model, phase_demos, steps=steps, batch_size=s.batch_size, lr=lr, seed=s.seed,
-                      pad_id=tokenizer.pad_token_id, log=log)
+        log(
+            f" phase {phase}: {len(phase_demos)} demonstrations {weights} "
+            f"({time.perf_counter() - t0:.1f}s); {steps} steps of {s.batch_size}"
+        )
+        sft.sft_train(
+            model,
+            phase_demos,
+            steps=steps,
+            batch_size=s.batch_size,
+            lr=lr,
+            seed=s.seed,
+            pad_id=tokenizer.pad_token_id,
+            log=log,
+        )
     cache.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(cache)
     tokenizer.save_pretrained(cache)

@@ -23,8 +23,14 @@ import transformers
 from steprl.algorithms import ADVANTAGES, POLICY_LOSSES
 from steprl.config import Config, dump_config
 from steprl.diagnostics import (
-    JsonlSink, MultiSink, TensorBoardSink, TrainingProgress, TrajectoryWriter, plot_learning_curve,
-    reward_component_means, rollout_metrics,
+    JsonlSink,
+    MultiSink,
+    TensorBoardSink,
+    TrainingProgress,
+    TrajectoryWriter,
+    plot_learning_curve,
+    reward_component_means,
+    rollout_metrics,
 )
 from steprl.diagnostics.sinks import MetricsSink
 from steprl.envs.registry import get_spec
@@ -71,39 +77,65 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     eval_sampling = SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
-    engine = HFEngine(copy.deepcopy(policy.model), eos_token_id=policy.tokenizer.eos_token_id,
-                      pad_token_id=policy.tokenizer.pad_token_id, device=cfg.model.device,
-                      max_batch_size=cfg.rollout.max_batch_size, seed=cfg.run.seed)
+    engine = HFEngine(
+        copy.deepcopy(policy.model),
+        eos_token_id=policy.tokenizer.eos_token_id,
+        pad_token_id=policy.tokenizer.pad_token_id,
+        device=cfg.model.device,
+        max_batch_size=cfg.rollout.max_batch_size,
+        seed=cfg.run.seed,
+    )
     learner = Learner(
         policy.model,
-        policy_loss=functools.partial(POLICY_LOSSES[cfg.algorithm.policy_loss], **cfg.algorithm.loss_kwargs()),
-        aggregation=cfg.algorithm.aggregation, lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay,
-        betas=cfg.trainer.betas, grad_clip=cfg.trainer.grad_clip, micro_batch_size=cfg.trainer.micro_batch_size,
-        pad_id=policy.tokenizer.pad_token_id, temperature=max(cfg.rollout.temperature, 1e-6),
+        policy_loss=functools.partial(
+            POLICY_LOSSES[cfg.algorithm.policy_loss], **cfg.algorithm.loss_kwargs()
+        ),
+        aggregation=cfg.algorithm.aggregation,
+        lr=cfg.trainer.lr,
+        weight_decay=cfg.trainer.weight_decay,
+        betas=cfg.trainer.betas,
+        grad_clip=cfg.trainer.grad_clip,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        pad_id=policy.tokenizer.pad_token_id,
+        temperature=max(cfg.rollout.temperature, 1e-6),
         device=cfg.model.device,
     )
     advantage_fn = functools.partial(ADVANTAGES[cfg.algorithm.advantage], **cfg.algorithm.advantage_kwargs())
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     train_tasks = env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
-    eval_tasks = list(islice(env_spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params),
-                             cfg.trainer.eval_tasks))
+    eval_tasks = list(
+        islice(env_spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), cfg.trainer.eval_tasks)
+    )
 
     def run_eval(seed: int) -> dict[str, float]:
-        return evaluate(eval_tasks, make_env=make_env, engine=engine, fmt=fmt, rule=rule,
-                        sampling=eval_sampling, budgets=budgets, seed=seed)[0]
+        return evaluate(
+            eval_tasks,
+            make_env=make_env,
+            engine=engine,
+            fmt=fmt,
+            rule=rule,
+            sampling=eval_sampling,
+            budgets=budgets,
+            seed=seed,
+        )[0]
 
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.logging.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
     metrics_sink = MultiSink(sinks)
-    traj_writer = TrajectoryWriter(run_dir / "trajectories.parquet", decode=fmt.decode) \
-        if cfg.logging.save_trajectories else None
+    traj_writer = (
+        TrajectoryWriter(run_dir / "trajectories.parquet", decode=fmt.decode)
+        if cfg.logging.save_trajectories
+        else None
+    )
     for key, value in cfg.derived().items():
         log(f"  {key}: {value}")
 
     warm = run_eval(seed=777)
-    log(f"warm start: held-out success {warm['eval/success']:.3f}, tool-call rate "
-        f"{warm['eval/tool_call_rate']:.3f} ({len(eval_tasks)} tasks, T={cfg.trainer.eval_temperature})")
+    log(
+        f"warm start: held-out success {warm['eval/success']:.3f}, tool-call rate "
+        f"{warm['eval/tool_call_rate']:.3f} ({len(eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
+    )
     metrics_sink.log(0, warm)
     history: list[dict[str, float]] = []
     last_eval = warm
@@ -114,9 +146,19 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             t0 = time.perf_counter()
             tasks = list(islice(train_tasks, cfg.rollout.tasks_per_step))
             engine.reseed(cfg.run.seed * 100_003 + step)
-            groups = asyncio.run(rollout_groups(
-                tasks, cfg.rollout.group_size, make_env=make_env, engine=engine, fmt=fmt, rule=rule,
-                sampling=sampling, budgets=budgets, seed=cfg.run.seed * 1_000 + step))
+            groups = asyncio.run(
+                rollout_groups(
+                    tasks,
+                    cfg.rollout.group_size,
+                    make_env=make_env,
+                    engine=engine,
+                    fmt=fmt,
+                    rule=rule,
+                    sampling=sampling,
+                    budgets=budgets,
+                    seed=cfg.run.seed * 1_000 + step,
+                )
+            )
             trajectories = [t for g in groups for t in g.trajectories]
             t_rollout = time.perf_counter() - t0
 
@@ -126,11 +168,19 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             rewards = torch.tensor([t.outcome_reward for t in trainable], dtype=torch.float32)
             group_index = torch.tensor([group_ids[t.group_id] for t in trainable], dtype=torch.long)
             advantages = advantage_fn(rewards, group_index) if trainable else torch.zeros(0)
-            samples = [s for i, t in enumerate(trainable)
-                       for s in ([to_samples(t, i)] if to_samples else per_step_view(t, i))]
+            samples = [
+                s
+                for i, t in enumerate(trainable)
+                for s in ([to_samples(t, i)] if to_samples else per_step_view(t, i))
+            ]
 
-            learner_stats = learner.update(samples, advantages, epochs=cfg.trainer.epochs,
-                                           mini_batches=cfg.trainer.mini_batches, generator=shuffle_rng)
+            learner_stats = learner.update(
+                samples,
+                advantages,
+                epochs=cfg.trainer.epochs,
+                mini_batches=cfg.trainer.mini_batches,
+                generator=shuffle_rng,
+            )
             engine.update_weights(learner.state_dict_for_engine(), version=engine.version + 1)
             t_learn = time.perf_counter() - t0 - t_rollout
 
@@ -146,7 +196,11 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
                 "tokens/action": float(sum(t.num_action_tokens for t in trajectories)),
                 "tokens/trained_positions": float(sum(len(s.input_ids) for s in samples)),
             }
-            if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step != cfg.trainer.total_steps:
+            if (
+                cfg.trainer.eval_every
+                and step % cfg.trainer.eval_every == 0
+                and step != cfg.trainer.total_steps
+            ):
                 last_eval = run_eval(seed=777 + step)
                 metrics.update(last_eval)
             if step == cfg.trainer.total_steps:
@@ -169,8 +223,16 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     return TrainResult(run_dir, warm, last_eval, history)
 
 
-def _checkpoint(run_dir: Path, cfg: Config, learner: Learner, tokenizer, step: int, version: int,
-                rng: torch.Generator) -> None:
-    save_checkpoint(run_dir / "checkpoint", model=learner.model, tokenizer=tokenizer,
-                    optimizer=learner.optimizer, step=step, version=version, config_yaml=dump_config(cfg),
-                    generator=rng)
+def _checkpoint(
+    run_dir: Path, cfg: Config, learner: Learner, tokenizer, step: int, version: int, rng: torch.Generator
+) -> None:
+    save_checkpoint(
+        run_dir / "checkpoint",
+        model=learner.model,
+        tokenizer=tokenizer,
+        optimizer=learner.optimizer,
+        step=step,
+        version=version,
+        config_yaml=dump_config(cfg),
+        generator=rng,
+    )

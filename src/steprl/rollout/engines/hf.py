@@ -171,7 +171,9 @@ class HFEngine:
             # finished rows keep decoding a pad token (ignored) so the batch stays rectangular
             step_ids = torch.where(alive, tokens, torch.full_like(tokens, self.pad_token_id))[:, None]
             step_pos = step_pos[:, -1:] + 1
-            attention = torch.cat([attention, torch.ones((bsz, 1), dtype=attention.dtype, device=self.device)], 1)
+            attention = torch.cat(
+                [attention, torch.ones((bsz, 1), dtype=attention.dtype, device=self.device)], 1
+            )
         self.tokens_generated += sum(len(t) for t in out_tokens)
         return [
             Generation(tuple(t), tuple(lp), "stop" if f == "stop" else "length")

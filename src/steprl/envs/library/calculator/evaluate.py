@@ -54,7 +54,8 @@ def evaluate(expression: str, limits: CalcLimits | None = None) -> int:
     ops = _count_ops(tree.body)
     if ops > limits.max_ops_per_call:
         raise ToolError(
-            "one operation per call" if limits.max_ops_per_call == 1
+            "one operation per call"
+            if limits.max_ops_per_call == 1
             else f"at most {limits.max_ops_per_call} operations per call"
         )
     return _eval(tree.body, limits)

@@ -75,7 +75,7 @@ def guess(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) ->
     return f"<answer>{rng.randint(-largest, largest * largest)}</answer>"
 
 
-_JUNK = "0123456789+-*/() <>acltrswenu{}\":,"
+_JUNK = '0123456789+-*/() <>acltrswenu{}":,'
 
 
 def random_policy(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:

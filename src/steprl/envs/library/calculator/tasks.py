@@ -72,8 +72,9 @@ def make_tasks(
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
     if not 1 <= min_calls <= max_calls <= 3:
-        raise ValueError(f"need 1 <= min_calls <= max_calls <= 3, got min_calls={min_calls}, "
-                         f"max_calls={max_calls}.")
+        raise ValueError(
+            f"need 1 <= min_calls <= max_calls <= 3, got min_calls={min_calls}, max_calls={max_calls}."
+        )
     if max_operand < 1:
         raise ValueError(f"max_operand must be >= 1, got {max_operand}.")
     if n is not None and n < 0:
@@ -83,7 +84,12 @@ def make_tasks(
 
 
 def _stream(
-    split: str, seed: int, n: int | None, min_calls: int, max_calls: int, max_operand: int,
+    split: str,
+    seed: int,
+    n: int | None,
+    min_calls: int,
+    max_calls: int,
+    max_operand: int,
     limits: CalcLimits,
 ) -> Iterator[Task]:
     rng = random.Random(seed)
