@@ -122,7 +122,7 @@ class AlgorithmSection(_Section):
 
 class TrainerSection(_Section):
     total_steps: int = Field(50, ge=0)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.99)
     epochs: int = Field(1, gt=0)  # passes over each step's batch

@@ -72,7 +72,8 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
 
     fmt = PlainFormat(policy.tokenizer)
     rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k)
-    to_samples = packed_view if rule.append_only else None
+    # append-only context: one packed sequence per trajectory; other rules: one row per step
+    to_samples = (lambda t, i: [packed_view(t, i)]) if rule.append_only else per_step_view
     budgets = Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens)
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     eval_sampling = SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0)
@@ -168,11 +169,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             rewards = torch.tensor([t.outcome_reward for t in trainable], dtype=torch.float32)
             group_index = torch.tensor([group_ids[t.group_id] for t in trainable], dtype=torch.long)
             advantages = advantage_fn(rewards, group_index) if trainable else torch.zeros(0)
-            samples = [
-                s
-                for i, t in enumerate(trainable)
-                for s in ([to_samples(t, i)] if to_samples else per_step_view(t, i))
-            ]
+            samples = [s for i, t in enumerate(trainable) for s in to_samples(t, i)]
 
             learner_stats = learner.update(
                 samples,
@@ -196,14 +193,8 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
                 "tokens/action": float(sum(t.num_action_tokens for t in trajectories)),
                 "tokens/trained_positions": float(sum(len(s.input_ids) for s in samples)),
             }
-            if (
-                cfg.trainer.eval_every
-                and step % cfg.trainer.eval_every == 0
-                and step != cfg.trainer.total_steps
-            ):
-                last_eval = run_eval(seed=777 + step)
-                metrics.update(last_eval)
-            if step == cfg.trainer.total_steps:
+            every = cfg.trainer.eval_every
+            if step == cfg.trainer.total_steps or (every and step % every == 0):
                 last_eval = run_eval(seed=777 + step)
                 metrics.update(last_eval)
             metrics_sink.log(step, metrics)
