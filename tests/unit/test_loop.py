@@ -11,7 +11,7 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
-from steprl.rollout.loop import Budgets, rollout_groups, run_episode
+from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups, run_episode
 from steprl.types import EndReason, Task
 
 
@@ -146,12 +146,14 @@ def test_groups_one_env_per_episode_and_in_equals_out(tokenizer):
         rollout_groups(
             tasks,
             4,
-            make_env=factory,
-            engine=engine,
-            fmt=PlainFormat(tokenizer),
-            rule=AppendOnly(),
-            sampling=SamplingParams(),
-            budgets=Budgets(),
+            RolloutSetup(
+                make_env=factory,
+                engine=engine,
+                fmt=PlainFormat(tokenizer),
+                rule=AppendOnly(),
+                sampling=SamplingParams(),
+                budgets=Budgets(),
+            ),
             seed=1,
         )
     )

@@ -15,7 +15,7 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine, sample_from_logits
-from steprl.rollout.loop import Budgets, rollout_groups
+from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.training.learner import collate, token_logprobs
 
@@ -27,12 +27,14 @@ def _rollouts(tokenizer, model, rule, temperature):
         rollout_groups(
             tasks,
             3,
-            make_env=lambda t: make_env("calculator"),
-            engine=engine,
-            fmt=PlainFormat(tokenizer),
-            rule=rule,
-            sampling=SamplingParams(temperature=temperature),
-            budgets=Budgets(max_turns=3, max_tokens_per_turn=16),
+            RolloutSetup(
+                make_env=lambda t: make_env("calculator"),
+                engine=engine,
+                fmt=PlainFormat(tokenizer),
+                rule=rule,
+                sampling=SamplingParams(temperature=temperature),
+                budgets=Budgets(max_turns=3, max_tokens_per_turn=16),
+            ),
             seed=0,
         )
     )

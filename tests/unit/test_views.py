@@ -11,7 +11,7 @@ from steprl.rollout.context import CONTEXT_RULES, AppendOnly, DropOldObservation
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.engines.scripted import ScriptedEngine
-from steprl.rollout.loop import Budgets, rollout_groups, run_episode
+from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups, run_episode
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.types import EndReason
 
@@ -111,12 +111,14 @@ def test_no_observation_token_carries_weight_on_sampled_rollouts(tokenizer, smal
         rollout_groups(
             tasks,
             3,
-            make_env=lambda t: make_env("calculator"),
-            engine=engine,
-            fmt=PlainFormat(tokenizer),
-            rule=AppendOnly(),
-            sampling=SamplingParams(),
-            budgets=Budgets(max_turns=3, max_tokens_per_turn=12),
+            RolloutSetup(
+                make_env=lambda t: make_env("calculator"),
+                engine=engine,
+                fmt=PlainFormat(tokenizer),
+                rule=AppendOnly(),
+                sampling=SamplingParams(),
+                budgets=Budgets(max_turns=3, max_tokens_per_turn=12),
+            ),
             seed=0,
         )
     )

@@ -102,23 +102,27 @@ async def run_episode(
     )
 
 
+@dataclass(frozen=True)
+class RolloutSetup:
+    """Everything an episode needs besides its task: how to make the env, the engine, the prompt
+    format, the context rule, how to sample and the budgets."""
+
+    make_env: Callable[[Task], Env]
+    engine: Engine
+    fmt: PromptFormat
+    rule: ContextRule
+    sampling: SamplingParams
+    budgets: Budgets
+
+
 async def rollout_groups(
-    tasks: Sequence[Task],
-    group_size: int,
-    *,
-    make_env: Callable[[Task], Env],
-    engine: Engine,
-    fmt: PromptFormat,
-    rule: ContextRule,
-    sampling: SamplingParams,
-    budgets: Budgets,
-    seed: int,
+    tasks: Sequence[Task], group_size: int, setup: RolloutSetup, *, seed: int
 ) -> list[Group]:
     """Run `group_size` episodes of every task concurrently; one fresh env per episode."""
 
     async def one(task: Task, t_index: int, i: int) -> Trajectory:
         try:
-            env = make_env(task)
+            env = setup.make_env(task)
         except Exception as exc:
             return Trajectory(
                 task.id,
@@ -132,11 +136,11 @@ async def rollout_groups(
         return await run_episode(
             env,
             task,
-            engine=engine,
-            fmt=fmt,
-            rule=rule,
-            sampling=sampling,
-            budgets=budgets,
+            engine=setup.engine,
+            fmt=setup.fmt,
+            rule=setup.rule,
+            sampling=setup.sampling,
+            budgets=setup.budgets,
             group_id=f"{seed}-{t_index}",
             seed=seed * 1_000_003 + t_index * 1009 + i,
         )

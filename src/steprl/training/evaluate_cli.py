@@ -14,7 +14,7 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.loop import Budgets
+from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.training.evaluate import evaluate
 
 
@@ -30,14 +30,13 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
         seed=cfg.run.seed,
     )
     eval_tasks = list(islice(spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), tasks))
-    metrics, _ = evaluate(
-        eval_tasks,
+    setup = RolloutSetup(
         make_env=lambda t: spec.factory(**cfg.env.params),
         engine=engine,
         fmt=PlainFormat(tokenizer),
         rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
         sampling=SamplingParams(temperature=temperature),
         budgets=Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens),
-        seed=777,
     )
+    metrics, _ = evaluate(eval_tasks, setup, seed=777)
     return metrics

@@ -13,7 +13,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.loop import Budgets, rollout_groups
+from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.training.checkpoint import save_checkpoint
 from steprl.training.evaluate import evaluate
@@ -102,6 +102,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
         device=cfg.model.device,
     )
     advantage_fn = functools.partial(ADVANTAGES[cfg.algorithm.advantage], **cfg.algorithm.advantage_kwargs())
+    setup = RolloutSetup(make_env, engine, fmt, rule, sampling, budgets)
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     train_tasks = env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
     eval_tasks = list(
@@ -109,16 +110,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     )
 
     def run_eval(seed: int) -> dict[str, float]:
-        return evaluate(
-            eval_tasks,
-            make_env=make_env,
-            engine=engine,
-            fmt=fmt,
-            rule=rule,
-            sampling=eval_sampling,
-            budgets=budgets,
-            seed=seed,
-        )[0]
+        return evaluate(eval_tasks, replace(setup, sampling=eval_sampling), seed=seed)[0]
 
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.logging.tensorboard:
@@ -148,17 +140,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             tasks = list(islice(train_tasks, cfg.rollout.tasks_per_step))
             engine.reseed(cfg.run.seed * 100_003 + step)
             groups = asyncio.run(
-                rollout_groups(
-                    tasks,
-                    cfg.rollout.group_size,
-                    make_env=make_env,
-                    engine=engine,
-                    fmt=fmt,
-                    rule=rule,
-                    sampling=sampling,
-                    budgets=budgets,
-                    seed=cfg.run.seed * 1_000 + step,
-                )
+                rollout_groups(tasks, cfg.rollout.group_size, setup, seed=cfg.run.seed * 1_000 + step)
             )
             trajectories = [t for g in groups for t in g.trajectories]
             t_rollout = time.perf_counter() - t0
