@@ -6,6 +6,7 @@ from itertools import islice
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steprl.config import Config
@@ -19,7 +20,8 @@ from steprl.training.evaluate import evaluate
 
 
 def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperature: float) -> dict[str, float]:
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32)
+    transformers.utils.logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     spec = get_spec(cfg.env.name)
     engine = HFEngine(

@@ -53,12 +53,12 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
                 f"model.name={cfg.model.name!r} is neither 'tiny' nor a local directory; weights cannot "
                 "be downloaded at run time here, so point model.name at a saved Hugging Face model."
             )
-        model: Any = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         return Policy(model, AutoTokenizer.from_pretrained(path), str(path))
 
     cache = sft_cache_dir(cfg)
     if cfg.model.init == "sft" and (cache / "config.json").exists():
-        cached: Any = LlamaForCausalLM.from_pretrained(cache, torch_dtype=torch.float32)
+        cached: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
         return Policy(cached, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
 
     tokenizer = tiny.build_tokenizer()
