@@ -26,3 +26,43 @@ def small_model(tokenizer):
         eos_id=tokenizer.eos_token_id,
     )
     return model.eval()
+
+
+@pytest.fixture
+def sample_rollouts(tokenizer, small_model):
+    """Sample calculator rollouts from the small random model through the real HF engine.
+
+    Returns a function (rule, *, temperature=1.0, n_tasks=6, group_size=3, max_tokens_per_turn=16,
+    engine_seed=0) -> list[Trajectory]. A random policy produces many invalid actions, so the
+    trajectories mix tool calls, error observations and budgets: good coverage for mask and
+    log-prob tests.
+    """
+    import asyncio
+    from itertools import islice
+
+    from steprl.envs.registry import make_env, make_tasks
+    from steprl.rollout.chat import PlainFormat
+    from steprl.rollout.engines.base import SamplingParams
+    from steprl.rollout.engines.hf import HFEngine
+    from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
+
+    def run(rule, *, temperature=1.0, n_tasks=6, group_size=3, max_tokens_per_turn=16, engine_seed=0):
+        engine = HFEngine(
+            small_model,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            seed=engine_seed,
+        )
+        setup = RolloutSetup(
+            make_env=lambda t: make_env("calculator"),
+            engine=engine,
+            fmt=PlainFormat(tokenizer),
+            rule=rule,
+            sampling=SamplingParams(temperature=temperature),
+            budgets=Budgets(max_turns=3, max_tokens_per_turn=max_tokens_per_turn),
+        )
+        tasks = list(islice(make_tasks("calculator", "train", 2), n_tasks))
+        groups = asyncio.run(rollout_groups(tasks, group_size, setup, seed=0))
+        return [t for g in groups for t in g.trajectories]
+
+    return run

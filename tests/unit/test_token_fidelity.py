@@ -5,45 +5,20 @@ multi-turn trajectories with observations spliced in, and temperature scaling.
 """
 
 import asyncio
-from itertools import islice
 
 import pytest
 import torch
 
-from steprl.envs.registry import make_env, make_tasks
-from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine, sample_from_logits
-from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.training.learner import collate, token_logprobs
 
 
-def _rollouts(tokenizer, model, rule, temperature):
-    engine = HFEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=3)
-    tasks = list(islice(make_tasks("calculator", "train", 2), 6))
-    groups = asyncio.run(
-        rollout_groups(
-            tasks,
-            3,
-            RolloutSetup(
-                make_env=lambda t: make_env("calculator"),
-                engine=engine,
-                fmt=PlainFormat(tokenizer),
-                rule=rule,
-                sampling=SamplingParams(temperature=temperature),
-                budgets=Budgets(max_turns=3, max_tokens_per_turn=16),
-            ),
-            seed=0,
-        )
-    )
-    return [t for g in groups for t in g.trajectories]
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_packed_learner_logprobs_match_engine(tokenizer, small_model, temperature):
-    trajs = _rollouts(tokenizer, small_model, AppendOnly(), temperature)
+def test_packed_learner_logprobs_match_engine(tokenizer, small_model, sample_rollouts, temperature):
+    trajs = sample_rollouts(AppendOnly(), temperature=temperature, engine_seed=3)
     assert sum(len(t.steps) > 1 for t in trajs) > 0, "want some multi-turn trajectories"
     samples = [packed_view(t, i) for i, t in enumerate(trajs)]
     batch = collate(samples, torch.zeros(len(trajs)), tokenizer.pad_token_id)
@@ -55,8 +30,8 @@ def test_packed_learner_logprobs_match_engine(tokenizer, small_model, temperatur
     assert diff < 1e-4, diff
 
 
-def test_per_step_learner_logprobs_match_engine(tokenizer, small_model):
-    trajs = _rollouts(tokenizer, small_model, KeepLastK(1), 1.0)
+def test_per_step_learner_logprobs_match_engine(tokenizer, small_model, sample_rollouts):
+    trajs = sample_rollouts(KeepLastK(1), engine_seed=3)
     samples = [s for i, t in enumerate(trajs) for s in per_step_view(t, i)]
     batch = collate(samples, torch.zeros(len(trajs)), tokenizer.pad_token_id)
     with torch.no_grad():
