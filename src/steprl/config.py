@@ -7,14 +7,15 @@ Derived sizes (trajectories per step, mini-batch size) are computed once and pri
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from steprl.algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
+from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, POLICY_LOSSES
 
 
 class ConfigError(ValueError):
@@ -89,20 +90,31 @@ class RolloutSection(_Section):
 
 
 class AlgorithmSection(_Section):
-    advantage: str = "grpo"
-    scale_by_std: bool = True  # False = Dr. GRPO
-    policy_loss: str = "ppo_clip"
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
-    aggregation: str = "token-mean"
+    """Which estimator, loss, aggregation and filters to use, each picked by name from the one
+    dict in `steprl.algorithms`; `*_params` are keyword arguments of the picked function, checked
+    against its signature. See docs/algorithms.md for every name and its keys."""
 
-    def advantage_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the configured advantage function."""
-        return {"scale_by_std": self.scale_by_std}
-
-    def loss_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the configured policy loss."""
-        return {"clip_low": self.clip_low, "clip_high": self.clip_high}
+    advantage: str = "grpo"  # a key of ADVANTAGES (grpo, dr_grpo, rloo, loop, gae, step_gae, gigpo, ...)
+    advantage_params: dict[str, Any] = {}  # e.g. {scale_by_std: false} or {gamma: 0.95, omega: 1.0}
+    task_normalize: bool = False  # AgentRL: normalise advantages per environment
+    empg: dict[str, float] | None = None  # EMPG modulation, e.g. {k: 1.0, k_f: 1.0, zeta: 0.1}
+    policy_loss: str = "ppo_clip"  # a key of POLICY_LOSSES (ppo_clip, loop_clip, decoupled_ppo)
+    loss_params: dict[str, Any] = {"clip_low": 0.2, "clip_high": 0.2}
+    aggregation: str = "token-mean"  # one of AGGREGATIONS
+    loss_scale_factor: float | None = None  # pinned constant for seq-mean-token-sum-norm (Dr. GRPO)
+    entropy_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0)  # > 0 keeps a frozen reference copy of the initial policy
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    kl_in: Literal["loss", "reward"] = "loss"
+    critic: Literal["none", "separate", "shared"] = "none"  # gae / step_gae / bi_level_gae need one
+    critic_lr: float = Field(1e-4, gt=0)
+    vf_coef: float = Field(0.5, ge=0)  # shared critic: weight of the value loss
+    value_clip: float | None = 0.5
+    group_filter: str = "none"  # a key of GROUP_FILTERS (none, dapo, starpo_s, ragen2_top_p)
+    filter_params: dict[str, Any] = {}
+    filter_regenerations: int = Field(0, ge=0)  # DAPO: roll out more tasks until the batch is full
+    min_abs_advantage: float = Field(0.0, ge=0)  # LOOP: drop trajectories with |A| below this
+    overlong: dict[str, float] | None = None  # DAPO shaping: {max_len: 120, cache_len: 30, penalty: 1.0}
 
     @field_validator("advantage")
     @classmethod
@@ -118,6 +130,32 @@ class AlgorithmSection(_Section):
     @classmethod
     def _known_aggregation(cls, v: str) -> str:
         return _one_of(v, AGGREGATIONS)
+
+    @field_validator("group_filter")
+    @classmethod
+    def _known_filter(cls, v: str) -> str:
+        return _one_of(v, GROUP_FILTERS)
+
+    @model_validator(mode="after")
+    def _params_match_signatures(self) -> AlgorithmSection:
+        _check_params("algorithm.advantage_params", ADVANTAGES[self.advantage], self.advantage_params)
+        _check_params("algorithm.loss_params", POLICY_LOSSES[self.policy_loss].fn, self.loss_params)
+        _check_params("algorithm.filter_params", GROUP_FILTERS[self.group_filter], self.filter_params)
+        if self.aggregation == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
+            raise ValueError("seq-mean-token-sum-norm needs algorithm.loss_scale_factor (a pinned constant)")
+        if ADVANTAGE_NEEDS_CRITIC.get(self.advantage) and self.critic == "none":
+            raise ValueError(
+                f"advantage {self.advantage!r} needs a critic: set algorithm.critic=separate|shared"
+            )
+        return self
+
+
+def _check_params(key: str, fn: Any, params: dict[str, Any]) -> None:
+    """Every param must be a keyword-only argument of `fn` (after its first, the inputs)."""
+    allowed = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"{key}: unknown {unknown}; allowed keys: {allowed}")
 
 
 class TrainerSection(_Section):

@@ -2,7 +2,7 @@
 
 import torch
 
-from steprl.algorithms import ADVANTAGES
+from steprl.algorithms import ADVANTAGES, estimators
 from steprl.algorithms.advantages import grpo
 
 
@@ -39,4 +39,4 @@ def test_groups_are_independent_and_order_free():
 
 
 def test_registry_names_grpo():
-    assert ADVANTAGES["grpo"] is grpo
+    assert ADVANTAGES["grpo"] is estimators.grpo

@@ -13,7 +13,7 @@ from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine, sample_from_logits
 from steprl.rollout.views import packed_view, per_step_view
-from steprl.training.learner import collate, token_logprobs
+from steprl.training.batching import collate, token_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -21,7 +21,7 @@ def test_packed_learner_logprobs_match_engine(tokenizer, small_model, sample_rol
     trajs = sample_rollouts(AppendOnly(), temperature=temperature, engine_seed=3)
     assert sum(len(t.steps) > 1 for t in trajs) > 0, "want some multi-turn trajectories"
     samples = [packed_view(t, i) for i, t in enumerate(trajs)]
-    batch = collate(samples, torch.zeros(len(trajs)), tokenizer.pad_token_id)
+    batch = collate(samples, tokenizer.pad_token_id)
     with torch.no_grad():
         logp, _ = token_logprobs(small_model, batch.input_ids, batch.attention, temperature)
     m = batch.loss_mask.bool()
@@ -33,7 +33,7 @@ def test_packed_learner_logprobs_match_engine(tokenizer, small_model, sample_rol
 def test_per_step_learner_logprobs_match_engine(tokenizer, small_model, sample_rollouts):
     trajs = sample_rollouts(KeepLastK(1), engine_seed=3)
     samples = [s for i, t in enumerate(trajs) for s in per_step_view(t, i)]
-    batch = collate(samples, torch.zeros(len(trajs)), tokenizer.pad_token_id)
+    batch = collate(samples, tokenizer.pad_token_id)
     with torch.no_grad():
         logp, _ = token_logprobs(small_model, batch.input_ids, batch.attention, 1.0)
     m = batch.loss_mask.bool()

@@ -19,7 +19,7 @@ import torch
 from steprl.envs.base import Env
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.views import Sample
-from steprl.training.learner import collate, token_logprobs
+from steprl.training.batching import collate, token_logprobs
 from steprl.types import Task
 
 T = TypeVar("T")
@@ -108,13 +108,12 @@ def sft_train(
         return 0.05 + 0.95 * 0.5 * (1 + torch.cos(torch.tensor(progress * torch.pi)).item())
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    zeros = torch.zeros(1)
     model.train()
     losses = []
     t0 = time.perf_counter()
     for step in range(steps):
         idx = torch.randint(len(demos), (batch_size,), generator=gen).tolist()
-        batch = collate([demos[i].sample for i in idx], zeros, pad_id)
+        batch = collate([demos[i].sample for i in idx], pad_id)
         logp, _ = token_logprobs(model, batch.input_ids, batch.attention)
         loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)

@@ -25,6 +25,11 @@ class Sample:
     loss_mask: tuple[int, ...]
     old_logprobs: tuple[float, ...]
     traj_index: int  # which trajectory of the batch this row came from (for its advantage)
+    #: step number (within the trajectory) of each action token; -1 on prompt/observation tokens
+    token_step: tuple[int, ...] = ()
+    #: per-token advantages and critic targets, filled in by the trainer (0 off the mask)
+    advantages: tuple[float, ...] = ()
+    returns: tuple[float, ...] = ()
 
 
 def packed_view(traj: Trajectory, traj_index: int) -> Sample:
@@ -34,6 +39,7 @@ def packed_view(traj: Trajectory, traj_index: int) -> Sample:
     ids = list(traj.steps[0].prompt_ids)
     mask = [0] * len(ids)
     old = [0.0] * len(ids)
+    step_of = [-1] * len(ids)
     for i, s in enumerate(traj.steps):
         if tuple(ids) != s.prompt_ids:
             raise ValueError(
@@ -43,20 +49,22 @@ def packed_view(traj: Trajectory, traj_index: int) -> Sample:
         ids += s.action_ids
         mask += [1] * len(s.action_ids)
         old += s.action_logprobs
+        step_of += [i] * len(s.action_ids)
         ids += s.observation_ids
         mask += [0] * len(s.observation_ids)
         old += [0.0] * len(s.observation_ids)
+        step_of += [-1] * len(s.observation_ids)
     # the final observation (if any) is context for nothing: drop it to save compute
     tail = len(traj.steps[-1].observation_ids)
     if tail:
-        ids, mask, old = ids[:-tail], mask[:-tail], old[:-tail]
-    return Sample(tuple(ids), tuple(mask), tuple(old), traj_index)
+        ids, mask, old, step_of = ids[:-tail], mask[:-tail], old[:-tail], step_of[:-tail]
+    return Sample(tuple(ids), tuple(mask), tuple(old), traj_index, tuple(step_of))
 
 
 def per_step_view(traj: Trajectory, traj_index: int) -> list[Sample]:
     """One row per step: the step's own prompt plus its action."""
     out = []
-    for s in traj.steps:
+    for i, s in enumerate(traj.steps):
         n_prompt = len(s.prompt_ids)
         out.append(
             Sample(
@@ -64,6 +72,7 @@ def per_step_view(traj: Trajectory, traj_index: int) -> list[Sample]:
                 loss_mask=(0,) * n_prompt + (1,) * len(s.action_ids),
                 old_logprobs=(0.0,) * n_prompt + s.action_logprobs,
                 traj_index=traj_index,
+                token_step=(-1,) * n_prompt + (i,) * len(s.action_ids),
             )
         )
     return out

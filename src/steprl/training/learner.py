@@ -1,8 +1,8 @@
 """The learner: recompute log-probs on exact token ids and take PPO-style optimizer steps.
 
-It is algorithm-blind: the policy loss and aggregation are functions handed in by the trainer
-(looked up by name in `steprl.algorithms`). Rows are packed trajectories or single steps
-(`rollout.views.Sample`); token-level advantages are the trajectory's scalar on its action tokens.
+It is algorithm-blind: the policy loss and aggregation are looked up by name by the trainer and
+handed in. Rows are packed trajectories or single steps (`rollout.views.Sample`) carrying their
+per-token advantages (and critic targets, when a shared value head is trained).
 """
 
 from __future__ import annotations
@@ -12,73 +12,37 @@ from dataclasses import dataclass
 
 import torch
 
-from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, masked_mean
+from steprl.algorithms.inputs import PolicyLossInputs
+from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
 from steprl.rollout.views import Sample
+from steprl.training.batching import Batch, collate, minibatches, token_logprobs
+from steprl.training.critic import ValueHead, collate_values
+
+PolicyLoss = Callable[[PolicyLossInputs], PolicyLossOutput]
 
 
 @dataclass(frozen=True)
-class Batch:
-    """Right-padded tensors for one micro-batch. Targets are input_ids[:, 1:].
+class Regularizers:
+    """Terms added to the policy loss. KL is against a frozen reference policy (`ref_model`)."""
 
-    input_ids, attention: (B, T). loss_mask, old_logp, advantages: (B, T-1), aligned with the
-    targets: position t scores the prediction of input_ids[:, t+1].
-    """
-
-    input_ids: torch.Tensor
-    attention: torch.Tensor
-    loss_mask: torch.Tensor
-    old_logp: torch.Tensor
-    advantages: torch.Tensor
-
-
-def collate(samples: Sequence[Sample], traj_advantages: torch.Tensor, pad_id: int) -> Batch:
-    """Pad rows on the right (causal attention makes right padding invisible to real tokens)."""
-    width = max(len(s.input_ids) for s in samples)
-    bsz = len(samples)
-    ids = torch.full((bsz, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((bsz, width), dtype=torch.long)
-    mask = torch.zeros((bsz, width), dtype=torch.float32)
-    old = torch.zeros((bsz, width), dtype=torch.float32)
-    adv = torch.zeros((bsz, width), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[i, :n] = torch.tensor(s.input_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
-        old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-        adv[i, :n] = traj_advantages[s.traj_index]
-    return Batch(ids, attn, mask[:, 1:], old[:, 1:], adv[:, 1:] * mask[:, 1:])
-
-
-def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each next token and the entropy of each predictive distribution.
-
-    Same numerics as the engine: fp32 logits divided by the sampling temperature. Returns
-    logp, entropy: (B, T-1).
-    """
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1, :].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
-
-
-PolicyLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], PolicyLossOutput]
+    entropy_coef: float = 0.0  # loss -= entropy_coef * agg(entropy)
+    kl_coef: float = 0.0  # loss += kl_coef * agg(kl(logp, ref_logp)) when kl_in_loss
+    kl_kind: str = "k3"
+    vf_coef: float = 0.0  # shared value head: loss += vf_coef * value loss
+    value_clip: float | None = 0.5
 
 
 class Learner:
-    """Owns the trainable model and its AdamW optimizer."""
+    """Owns the trainable policy (plus a shared value head, if any) and its AdamW optimizer."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         *,
         policy_loss: PolicyLoss,
+        needs_proximal: bool,
         aggregation: str,
+        loss_scale_factor: float | None,
         lr: float,
         weight_decay: float,
         betas: tuple[float, float],
@@ -86,89 +50,164 @@ class Learner:
         micro_batch_size: int,
         pad_id: int,
         temperature: float,
+        regularizers: Regularizers = Regularizers(),
+        ref_model: torch.nn.Module | None = None,
+        value_head: ValueHead | None = None,
         device: str = "cpu",
     ) -> None:
         self.model = model.to(device).train()
         self.device = device
         self.policy_loss = policy_loss
+        self.needs_proximal = needs_proximal
         self.aggregation = aggregation
+        self.loss_scale_factor = loss_scale_factor
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.pad_id = pad_id
         self.temperature = temperature
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+        self.reg = regularizers
+        self.ref_model = ref_model.to(device).eval() if ref_model is not None else None
+        self.value_head = value_head.to(device) if value_head is not None else None
+        params = list(model.parameters()) + (list(value_head.parameters()) if value_head is not None else [])
+        self.params = params
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
     def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
+    @torch.no_grad()
+    def _token_stats(
+        self, samples: Sequence[Sample], model: torch.nn.Module | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-sample (len-1,) target-aligned (log-probs, entropies) under `model` (default: policy)."""
+        model = model or self.model
+        out = []
+        for m0 in range(0, len(samples), self.micro_batch_size):
+            chunk = samples[m0 : m0 + self.micro_batch_size]
+            b = collate(chunk, self.pad_id).to(self.device)
+            logp, ent = token_logprobs(model, b.input_ids, b.attention, self.temperature)
+            out += [(logp[i, : len(s.input_ids) - 1].cpu(), ent[i, : len(s.input_ids) - 1].cpu())
+                    for i, s in enumerate(chunk)]  # fmt: skip
+        return out
+
+    def logprobs_of(
+        self, samples: Sequence[Sample], model: torch.nn.Module | None = None
+    ) -> list[torch.Tensor]:
+        return [lp for lp, _ in self._token_stats(samples, model)]
+
+    def entropies_of(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        """Token entropies under the current policy, aligned with each sample's input_ids (EMPG)."""
+        return [(0.0, *ent.tolist()) for _, ent in self._token_stats(samples)]
+
     def update(
         self,
         samples: Sequence[Sample],
-        traj_advantages: torch.Tensor,
         *,
         epochs: int,
         mini_batches: int,
         generator: torch.Generator,
+        old_values: Sequence[Sequence[float]] | None = None,
     ) -> dict[str, float]:
         """PPO epochs over the step's rows: shuffle, split into mini-batches, one AdamW step each.
 
-        Each mini-batch's loss is aggregated with the mini-batch's own token count, accumulated
-        over micro-batches, so micro-batching changes memory, never the gradient.
+        Each mini-batch's loss uses the mini-batch's own token and row counts as denominators,
+        accumulated over micro-batches, so micro-batching changes memory, never the gradient.
         """
         if not samples:
             return {"actor/optimizer_steps": 0.0}
+        # proximal policy = the weights before this step's updates (AReaL's decoupled objective)
+        prox = self.logprobs_of(samples) if self.needs_proximal else None
+        ref = self.logprobs_of(samples, self.ref_model) if self.ref_model is not None else None
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms: list[float] = []
         first_mismatch: float | None = None
         for _epoch in range(epochs):
-            order = torch.randperm(len(samples), generator=generator).tolist()
-            size = max(1, -(-len(order) // mini_batches))
-            for start in range(0, len(order), size):
-                mb = [samples[i] for i in order[start : start + size]]
-                mb_tokens = float(sum(sum(s.loss_mask) for s in mb))
+            for mb in minibatches(len(samples), mini_batches, generator):
+                rows = [samples[i] for i in mb]
+                n_tokens = float(sum(sum(s.loss_mask) for s in rows))
+                n_seqs = float(sum(1 for s in rows if any(s.loss_mask)))
                 self.optimizer.zero_grad(set_to_none=True)
                 for m0 in range(0, len(mb), self.micro_batch_size):
-                    batch = collate(mb[m0 : m0 + self.micro_batch_size], traj_advantages, self.pad_id)
-                    batch = Batch(
-                        *(
-                            t.to(self.device)
-                            for t in (
-                                batch.input_ids,
-                                batch.attention,
-                                batch.loss_mask,
-                                batch.old_logp,
-                                batch.advantages,
-                            )
-                        )
-                    )
-                    logp, entropy = token_logprobs(
-                        self.model, batch.input_ids, batch.attention, self.temperature
-                    )
-                    out = self.policy_loss(logp, batch.old_logp, batch.advantages)
-                    loss = aggregate(
-                        out.loss_per_token, batch.loss_mask, self.aggregation, num_tokens=mb_tokens
-                    )
-                    loss.backward()
-                    with torch.no_grad():
-                        m = batch.loss_mask
-                        n = float(m.sum())
-                        if first_mismatch is None:  # engine vs learner, before any update
-                            first_mismatch = float(((logp - batch.old_logp).abs() * m).max())
-                        for key, val in (
-                            ("actor/pg_loss", masked_mean(out.loss_per_token, m)),
-                            ("actor/entropy", masked_mean(entropy, m)),
-                            ("actor/clip_frac", masked_mean(out.clipped.float(), m)),
-                            ("actor/approx_kl", masked_mean(approx_kl_k3(logp, batch.old_logp), m)),
-                        ):
-                            sums[key] = sums.get(key, 0.0) + float(val) * n
-                        tokens_seen += n
-                grad_norms.append(
-                    float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-                )
+                    idx = mb[m0 : m0 + self.micro_batch_size]
+                    b = collate([samples[i] for i in idx], self.pad_id).to(self.device)
+                    stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
+                    if first_mismatch is None:  # engine vs learner, before any update
+                        first_mismatch = stats.pop("mismatch")
+                    stats.pop("mismatch", None)
+                    n = float(b.loss_mask.sum())
+                    for key, val in stats.items():
+                        sums[key] = sums.get(key, 0.0) + val * n
+                    tokens_seen += n
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)))
                 self.optimizer.step()
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
         metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["actor/optimizer_steps"] = float(len(grad_norms))
         metrics["actor/engine_logprob_diff_max"] = first_mismatch or 0.0
         return metrics
+
+    def _backward(
+        self,
+        b: Batch,
+        idx: list[int],
+        prox: list[torch.Tensor] | None,
+        ref: list[torch.Tensor] | None,
+        old_values: Sequence[Sequence[float]] | None,
+        n_tokens: float,
+        n_seqs: float,
+    ) -> dict[str, float]:
+        m = b.loss_mask
+        out = self.model(
+            input_ids=b.input_ids,
+            attention_mask=b.attention,
+            output_hidden_states=self.value_head is not None,
+        )
+        logits = out.logits[:, :-1, :].float() / self.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        prox_logp = _stack(prox, idx, m.shape) if prox is not None else b.old_logp
+        result = self.policy_loss(PolicyLossInputs(logp, b.old_logp, prox_logp.to(m.device), b.advantages))
+
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return aggregate(x, m, self.aggregation, num_tokens=n_tokens, num_seqs=n_seqs,
+                             scale_factor=self.loss_scale_factor)  # fmt: skip
+
+        loss = agg(result.loss_per_token)
+        stats: dict[str, float] = {}
+        if self.reg.entropy_coef:
+            loss = loss - self.reg.entropy_coef * agg(entropy)
+        if ref is not None and self.reg.kl_coef:
+            kl = kl_penalty(logp, _stack(ref, idx, m.shape).to(m.device), self.reg.kl_kind)
+            loss = loss + self.reg.kl_coef * agg(kl)
+            stats["actor/kl_to_ref"] = float(masked_mean(kl.detach(), m))
+        if self.value_head is not None and old_values is not None:
+            from steprl.algorithms.losses import value_loss
+
+            v = self.value_head(out.hidden_states[-1])[:, :-1]
+            old_v = collate_values([old_values[i] for i in idx], m.shape).to(m.device)
+            vl = value_loss(v, old_v, b.returns, m, clip=self.reg.value_clip, num_tokens=n_tokens)
+            loss = loss + self.reg.vf_coef * vl
+            stats["critic/value_loss"] = float(vl) * n_tokens / max(float(m.sum()), 1.0)
+        loss.backward()
+        with torch.no_grad():
+            stats.update({
+                "actor/pg_loss": float(masked_mean(result.loss_per_token, m)),
+                "actor/entropy": float(masked_mean(entropy, m)),
+                "actor/clip_frac": float(masked_mean(result.clipped.float(), m)),
+                "actor/approx_kl": float(masked_mean(approx_kl_k3(logp, b.old_logp), m)),
+                "mismatch": float(((logp - b.old_logp).abs() * m).max()) if m.sum() else 0.0,
+            })  # fmt: skip
+        return stats
+
+
+def _stack(per_sample: list[torch.Tensor], idx: list[int], shape: torch.Size) -> torch.Tensor:
+    out = torch.zeros(shape)
+    for r, i in enumerate(idx):
+        t = per_sample[i]
+        out[r, : t.numel()] = t
+    return out
+
+
+__all__ = ["Learner", "Regularizers"]

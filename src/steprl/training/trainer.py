@@ -8,7 +8,6 @@ Synchronous training is the staleness-0 case: rollouts always come from the curr
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import functools
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from steprl.algorithms import ADVANTAGES, POLICY_LOSSES
+from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES, filters
 from steprl.config import Config, dump_config
 from steprl.diagnostics import (
     JsonlSink,
@@ -38,12 +37,15 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
+from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import packed_view, per_step_view
+from steprl.training.advantage_batch import attach, build_advantage_inputs
 from steprl.training.checkpoint import save_checkpoint
+from steprl.training.critic import SeparateCritic, ValueHead, per_token_values
 from steprl.training.evaluate import evaluate
-from steprl.training.learner import Learner
+from steprl.training.learner import Learner, Regularizers
 from steprl.training.policy import load_policy
+from steprl.training.step_parts import collect_groups, postprocess, shaped_rewards, trajectory_abs_advantage
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,17 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
         max_batch_size=cfg.rollout.max_batch_size,
         seed=cfg.run.seed,
     )
+    algo = cfg.algorithm
+    loss_spec = POLICY_LOSSES[algo.policy_loss]
+    # a frozen copy of the initial policy, only when a KL term needs it
+    ref_model = copy.deepcopy(policy.model).eval() if algo.kl_coef > 0 else None
+    value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
     learner = Learner(
         policy.model,
-        policy_loss=functools.partial(
-            POLICY_LOSSES[cfg.algorithm.policy_loss], **cfg.algorithm.loss_kwargs()
-        ),
-        aggregation=cfg.algorithm.aggregation,
+        policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
+        needs_proximal=loss_spec.needs_proximal,
+        aggregation=algo.aggregation,
+        loss_scale_factor=algo.loss_scale_factor,
         lr=cfg.trainer.lr,
         weight_decay=cfg.trainer.weight_decay,
         betas=cfg.trainer.betas,
@@ -99,9 +106,32 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
         micro_batch_size=cfg.trainer.micro_batch_size,
         pad_id=policy.tokenizer.pad_token_id,
         temperature=max(cfg.rollout.temperature, 1e-6),
+        regularizers=Regularizers(
+            entropy_coef=algo.entropy_coef,
+            kl_coef=algo.kl_coef if algo.kl_in == "loss" else 0.0,
+            kl_kind=algo.kl_kind,
+            vf_coef=algo.vf_coef,
+            value_clip=algo.value_clip,
+        ),
+        ref_model=ref_model if algo.kl_in == "loss" else None,
+        value_head=value_head,
         device=cfg.model.device,
     )
-    advantage_fn = functools.partial(ADVANTAGES[cfg.algorithm.advantage], **cfg.algorithm.advantage_kwargs())
+    critic = (
+        SeparateCritic(
+            policy.model,
+            lr=algo.critic_lr,
+            value_clip=algo.value_clip,
+            grad_clip=cfg.trainer.grad_clip,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            pad_id=policy.tokenizer.pad_token_id,
+        )
+        if algo.critic == "separate"
+        else None
+    )
+    advantage_fn = functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params)
+    group_filter = functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params)
+    env_ids: dict[str, int] = {}
     setup = RolloutSetup(make_env, engine, fmt, rule, sampling, budgets)
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     train_tasks = env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
@@ -137,37 +167,77 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
         for step in range(1, cfg.trainer.total_steps + 1):
             t0 = time.perf_counter()
-            tasks = list(islice(train_tasks, cfg.rollout.tasks_per_step))
             engine.reseed(cfg.run.seed * 100_003 + step)
-            groups = asyncio.run(
-                rollout_groups(tasks, cfg.rollout.group_size, setup, seed=cfg.run.seed * 1_000 + step)
+            collected = collect_groups(
+                train_tasks,
+                tasks_per_step=cfg.rollout.tasks_per_step,
+                group_size=cfg.rollout.group_size,
+                setup=setup,
+                group_filter=group_filter,
+                regenerations=algo.filter_regenerations,
+                seed=cfg.run.seed * 1_000 + step,
             )
-            trajectories = [t for g in groups for t in g.trajectories]
+            trajectories = collected.rollouts
             t_rollout = time.perf_counter() - t0
 
-            # advantages over trainable trajectories only: infra failures are counted, never learned
-            trainable = [t for t in trajectories if t.trainable and t.steps]
-            group_ids = {gid: i for i, gid in enumerate(dict.fromkeys(t.group_id for t in trainable))}
-            rewards = torch.tensor([t.outcome_reward for t in trainable], dtype=torch.float32)
-            group_index = torch.tensor([group_ids[t.group_id] for t in trainable], dtype=torch.long)
-            advantages = advantage_fn(rewards, group_index) if trainable else torch.zeros(0)
+            # advantages over the kept, trainable trajectories: infra failures are counted, never learned
+            trainable = [t for g in collected.kept for t in g.trajectories]
             samples = [s for i, t in enumerate(trainable) for s in to_samples(t, i)]
+            old_values = critic.values(samples) if critic else None
+            if value_head is not None:
+                old_values = per_token_values(
+                    learner.model,
+                    value_head,
+                    samples,
+                    policy.tokenizer.pad_token_id,
+                    cfg.trainer.micro_batch_size,
+                )
+            abs_adv = torch.zeros(0)
+            if samples:
+                inputs = build_advantage_inputs(
+                    trainable,
+                    samples,
+                    shaped_rewards(trainable, algo),
+                    pad_id=policy.tokenizer.pad_token_id,
+                    env_ids=env_ids,
+                    values=old_values,
+                    entropy=learner.entropies_of(samples) if algo.empg is not None else None,
+                )
+                out = postprocess(advantage_fn(inputs), inputs, algo)
+                samples = attach(samples, out)
+                abs_adv = trajectory_abs_advantage(out, inputs.row_traj, len(trainable))
+                if algo.min_abs_advantage > 0:  # LOOP: drop trajectories that carry no signal
+                    keep = set(filters.loop_abs_adv_keep(abs_adv, algo.min_abs_advantage).tolist())
+                    kept_rows = [i for i, s in enumerate(samples) if s.traj_index in keep]
+                    samples = [samples[i] for i in kept_rows]
+                    old_values = [old_values[i] for i in kept_rows] if old_values is not None else None
 
             learner_stats = learner.update(
                 samples,
-                advantages,
                 epochs=cfg.trainer.epochs,
                 mini_batches=cfg.trainer.mini_batches,
                 generator=shuffle_rng,
+                old_values=old_values,
             )
-            engine.update_weights(learner.state_dict_for_engine(), version=engine.version + 1)
+            if critic is not None and samples and old_values is not None:
+                learner_stats |= critic.update(
+                    samples,
+                    old_values,
+                    epochs=cfg.trainer.epochs,
+                    mini_batches=cfg.trainer.mini_batches,
+                    generator=shuffle_rng,
+                )
+            if samples:  # a skipped step (empty batch after filtering) keeps the policy version
+                engine.update_weights(learner.state_dict_for_engine(), version=engine.version + 1)
             t_learn = time.perf_counter() - t0 - t_rollout
 
             metrics = {
                 **rollout_metrics(trajectories),
                 **reward_component_means(trajectories),
+                **collected.metrics,
                 **learner_stats,
-                "advantage/abs_mean": float(advantages.abs().mean()) if len(advantages) else 0.0,
+                "advantage/abs_mean": float(abs_adv.mean()) if abs_adv.numel() else 0.0,
+                "train/rows": float(len(samples)),
                 "policy/version": float(engine.version),
                 "time/rollout_s": t_rollout,
                 "time/learn_s": t_learn,

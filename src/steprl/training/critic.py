@@ -1,0 +1,130 @@
+"""The critic: V(prefix) for every position, for PPO/GAE and step-level GAE.
+
+Two forms, picked by `algorithm.critic`:
+* "separate": its own small transformer (a copy of the policy's backbone at the start) plus a
+  scalar head, with its own AdamW. The usual PPO set-up (verl, StepPO).
+* "shared": a scalar head on the policy's last hidden state, trained jointly with the policy
+  loss (`vf_coef`), so only one transformer is kept in memory.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from steprl.algorithms.losses import value_loss
+from steprl.rollout.views import Sample
+from steprl.training.batching import collate, minibatches
+
+
+class ValueHead(nn.Module):
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.proj.weight)  # start at V = 0: no bias before the first update
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
+def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """Last-layer hidden states (B, T, H) of a transformers causal LM."""
+    out = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True)
+    return out.hidden_states[-1]
+
+
+def values_of(
+    model: nn.Module, head: ValueHead, input_ids: torch.Tensor, attention: torch.Tensor
+) -> torch.Tensor:
+    """(B, T-1): V of the prefix that predicts target t (aligned like the learner's log-probs)."""
+    return head(hidden_states(model, input_ids, attention))[:, :-1]
+
+
+def per_token_values(
+    model: nn.Module, head: ValueHead, samples: Sequence[Sample], pad_id: int, micro_batch_size: int
+) -> list[tuple[float, ...]]:
+    """Values aligned with each sample's input_ids (entry j: value before token j; entry 0 is 0)."""
+    out: list[tuple[float, ...]] = []
+    with torch.no_grad():
+        for m0 in range(0, len(samples), micro_batch_size):
+            chunk = samples[m0 : m0 + micro_batch_size]
+            b = collate(chunk, pad_id)
+            v = values_of(model, head, b.input_ids, b.attention)
+            for i, s in enumerate(chunk):
+                out.append((0.0, *v[i, : len(s.input_ids) - 1].tolist()))
+    return out
+
+
+class SeparateCritic:
+    """A value model of its own: backbone copied from the policy, scalar head, AdamW."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        *,
+        lr: float,
+        value_clip: float | None,
+        grad_clip: float,
+        micro_batch_size: int,
+        pad_id: int,
+    ) -> None:
+        self.model = copy.deepcopy(policy).train()
+        config: Any = policy.config
+        self.head = ValueHead(int(config.hidden_size))
+        self.value_clip = value_clip
+        self.grad_clip = grad_clip
+        self.micro_batch_size = micro_batch_size
+        self.pad_id = pad_id
+        params = [*self.model.parameters(), *self.head.parameters()]
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+    def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        return per_token_values(self.model, self.head, samples, self.pad_id, self.micro_batch_size)
+
+    def update(
+        self,
+        samples: Sequence[Sample],
+        old_values: Sequence[Sequence[float]],
+        *,
+        epochs: int,
+        mini_batches: int,
+        generator: torch.Generator,
+    ) -> dict[str, float]:
+        """Clipped value regression onto `Sample.returns` (token-mean over action tokens)."""
+        losses: list[float] = []
+        for _ in range(epochs):
+            for mb in minibatches(len(samples), mini_batches, generator):
+                rows = [samples[i] for i in mb]
+                n_tokens = float(sum(sum(s.loss_mask) for s in rows))
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for m0 in range(0, len(rows), self.micro_batch_size):
+                    idx = mb[m0 : m0 + self.micro_batch_size]
+                    b = collate([samples[i] for i in idx], self.pad_id)
+                    old = collate_values([old_values[i] for i in idx], b.loss_mask.shape)
+                    v = values_of(self.model, self.head, b.input_ids, b.attention)
+                    loss = value_loss(
+                        v, old, b.returns, b.loss_mask, clip=self.value_clip, num_tokens=n_tokens
+                    )
+                    loss.backward()
+                    total += float(loss)
+                torch.nn.utils.clip_grad_norm_(
+                    [*self.model.parameters(), *self.head.parameters()], self.grad_clip
+                )
+                self.optimizer.step()
+                losses.append(total)
+        return {"critic/value_loss": sum(losses) / max(len(losses), 1)}
+
+
+def collate_values(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:
+    """Per-sample value tuples (aligned with input_ids) -> (B, T-1) target-aligned tensor."""
+    out = torch.zeros(shape)
+    for i, r in enumerate(rows):
+        if len(r) > 1:
+            out[i, : len(r) - 1] = torch.tensor(r[1:], dtype=torch.float32)
+    return out

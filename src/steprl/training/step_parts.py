@@ -1,0 +1,92 @@
+"""The pieces of one RL step that the trainer composes: filtered group collection and the
+advantage pass. Each is algorithm-blind: the functions it calls are looked up by name."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+
+import torch
+
+from steprl.algorithms import estimators, filters
+from steprl.algorithms.inputs import AdvantageOutput
+from steprl.config import AlgorithmSection
+from steprl.rollout.loop import RolloutSetup, rollout_groups
+from steprl.types import Group, Task, Trajectory
+
+
+@dataclass(frozen=True)
+class CollectedGroups:
+    rollouts: list[Trajectory]  # everything rolled out this step (for in == out accounting)
+    kept: list[Group]  # groups that passed the filter (at most tasks_per_step)
+    metrics: dict[str, float]
+
+
+def collect_groups(
+    tasks: Iterator[Task],
+    *,
+    tasks_per_step: int,
+    group_size: int,
+    setup: RolloutSetup,
+    group_filter: Callable[..., torch.Tensor],
+    regenerations: int,
+    seed: int,
+) -> CollectedGroups:
+    """Roll out `tasks_per_step` groups, filter them, and (DAPO dynamic sampling) roll out more
+    tasks up to `regenerations` times while fewer than `tasks_per_step` groups survive.
+    An empty result is possible: the trainer then skips the update and raises an alert metric."""
+    rollouts: list[Trajectory] = []
+    kept: list[Group] = []
+    groups_in = 0
+    rounds = 0
+    while True:
+        batch = list(islice(tasks, tasks_per_step))
+        groups = asyncio.run(rollout_groups(batch, group_size, setup, seed=seed + 7919 * rounds))
+        rollouts += [t for g in groups for t in g.trajectories]
+        trainable = [
+            Group(g.task, tuple(t for t in g.trajectories if t.trainable and t.steps)) for g in groups
+        ]
+        trainable = [g for g in trainable if g.trajectories]
+        groups_in += len(groups)
+        rewards = [torch.tensor([t.outcome_reward for t in g.trajectories]) for g in trainable]
+        keep = group_filter(rewards).tolist() if rewards else []
+        kept += [trainable[i] for i in sorted(keep)]
+        rounds += 1
+        if len(kept) >= tasks_per_step or rounds > regenerations:
+            break
+    kept = kept[:tasks_per_step]
+    return CollectedGroups(rollouts, kept, {
+        "filter/groups_in": float(groups_in),
+        "filter/groups_kept": float(len(kept)),
+        "filter/regenerations": float(rounds - 1),
+        "filter/skipped_step": float(not kept),
+    })  # fmt: skip
+
+
+def shaped_rewards(trajectories: Sequence[Trajectory], algo: AlgorithmSection) -> torch.Tensor:
+    """Outcome rewards plus DAPO overlong shaping on the number of generated tokens, if configured."""
+    rewards = torch.tensor([t.outcome_reward for t in trajectories], dtype=torch.float32)
+    if algo.overlong:
+        lengths = torch.tensor([t.num_action_tokens for t in trajectories])
+        rewards = rewards + filters.overlong_shaping(
+            lengths, max_len=int(algo.overlong["max_len"]), cache_len=int(algo.overlong["cache_len"]),
+            penalty=float(algo.overlong.get("penalty", 1.0)),
+        )  # fmt: skip
+    return rewards
+
+
+def postprocess(out: AdvantageOutput, inputs, algo: AlgorithmSection) -> AdvantageOutput:
+    """Optional modifiers after any estimator: AgentRL task normalisation, EMPG."""
+    if algo.task_normalize:
+        out = estimators.task_normalized(inputs, out)
+    if algo.empg is not None:
+        out = estimators.entropy_modulated(inputs, out, **algo.empg)
+    return out
+
+
+def trajectory_abs_advantage(out: AdvantageOutput, row_traj: torch.Tensor, num_traj: int) -> torch.Tensor:
+    """(N,) the largest |A| over each trajectory's action tokens (LOOP's |A| filter reads it)."""
+    per_row = out.advantages.abs().amax(dim=1) if out.advantages.numel() else torch.zeros(row_traj.numel())
+    return torch.zeros(num_traj).scatter_reduce(0, row_traj, per_row, reduce="amax")
