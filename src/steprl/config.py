@@ -151,8 +151,13 @@ class AlgorithmSection(_Section):
 
 
 def _check_params(key: str, fn: Any, params: dict[str, Any]) -> None:
-    """Every param must be a keyword-only argument of `fn` (after its first, the inputs)."""
-    allowed = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    """Every param must be a named argument of `fn` other than its first (the inputs)."""
+    named = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    allowed = [p.name for p in named[1:]]
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ValueError(f"{key}: unknown {unknown}; allowed keys: {allowed}")

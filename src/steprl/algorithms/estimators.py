@@ -133,8 +133,7 @@ def gigpo(
 
 def task_normalized(x: AdvantageInputs, out: AdvantageOutput) -> AdvantageOutput:
     """AgentRL task-level normalisation: per environment, over its action tokens."""
-    env_per_row = x.env_index[x.row_traj][:, None].expand_as(x.mask)
-    a = adv.normalize_by_task(out.advantages, env_per_row, x.mask)
+    a = adv.normalize_by_task(out.advantages, x.env_index[x.row_traj], x.mask)
     return AdvantageOutput(a * x.mask, out.returns)
 
 

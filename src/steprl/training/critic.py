@@ -112,7 +112,7 @@ class SeparateCritic:
                         v, old, b.returns, b.loss_mask, clip=self.value_clip, num_tokens=n_tokens
                     )
                     loss.backward()
-                    total += float(loss)
+                    total += loss.item()
                 torch.nn.utils.clip_grad_norm_(
                     [*self.model.parameters(), *self.head.parameters()], self.grad_clip
                 )

@@ -189,7 +189,7 @@ class Learner:
             old_v = collate_values([old_values[i] for i in idx], m.shape).to(m.device)
             vl = value_loss(v, old_v, b.returns, m, clip=self.reg.value_clip, num_tokens=n_tokens)
             loss = loss + self.reg.vf_coef * vl
-            stats["critic/value_loss"] = float(vl) * n_tokens / max(float(m.sum()), 1.0)
+            stats["critic/value_loss"] = vl.item() * n_tokens / max(float(m.sum()), 1.0)
         loss.backward()
         with torch.no_grad():
             stats.update({
