@@ -16,9 +16,7 @@ from hypothesis import strategies as st
 
 from steprl.algorithms.advantages import (
     bi_level_gae,
-    empg,
     gae,
-    gigpo,
     grpo_env_std,
     loop,
     masked_whiten,
@@ -26,9 +24,8 @@ from steprl.algorithms.advantages import (
     reinforce_pp,
     reinforce_pp_baseline,
     rloo,
-    spread_steps,
-    step_gae,
 )
+from steprl.algorithms.step_advantages import empg, gigpo, spread_steps, step_gae
 
 FAST = settings(max_examples=60, deadline=None)
 LONG = torch.long

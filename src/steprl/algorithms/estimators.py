@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from steprl.algorithms import advantages as adv
+from steprl.algorithms import step_advantages as step_adv
 from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput, first_token_of_steps
 
 
@@ -107,7 +108,7 @@ def step_gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0) -> Adv
     table_r[x.step_traj, x.step_index] = x.step_rewards.float()
     table_v[x.step_traj, x.step_index] = step_values
     table_m[x.step_traj, x.step_index] = 1.0
-    a, ret = adv.step_gae(table_r, table_v, table_m, gamma=gamma, lam=lam)
+    a, ret = step_adv.step_gae(table_r, table_v, table_m, gamma=gamma, lam=lam)
     return per_step(x, a[x.step_traj, x.step_index], ret[x.step_traj, x.step_index])
 
 
@@ -120,7 +121,7 @@ def gigpo(
     cross_steps: bool = True,
     similarity_thresh: float | None = None,
 ) -> AdvantageOutput:
-    a = adv.gigpo(
+    a = step_adv.gigpo(
         x.rewards[x.step_traj], x.step_rewards, x.group_index[x.step_traj], x.step_traj, x.step_index,
         x.anchor_keys, gamma=gamma, omega=omega, mode=mode, cross_steps=cross_steps,
         similarity_thresh=similarity_thresh,
@@ -146,6 +147,6 @@ def entropy_modulated(
     step_entropy = x.step_entropy
     assert step_entropy is not None
     # each step's current advantage = its value on its first action token
-    step_adv = first_token_of_steps(out.advantages, x.token_step, x.step_traj.numel())
-    modulated = adv.empg(step_adv, step_entropy, x.step_traj, x.step_index, k=k, k_f=k_f, zeta=zeta)
+    per_step_adv = first_token_of_steps(out.advantages, x.token_step, x.step_traj.numel())
+    modulated = step_adv.empg(per_step_adv, step_entropy, x.step_traj, x.step_index, k=k, k_f=k_f, zeta=zeta)
     return AdvantageOutput(per_step(x, modulated).advantages, out.returns)
