@@ -18,19 +18,19 @@ from steprl.training.trainer import train
 
 #: row name -> overrides on top of configs/calculator_tiny.yaml
 RUNS: dict[str, list[str]] = {
-    "grpo": ["algorithm.advantage=grpo"],
+    "grpo": ["algorithm.advantage=grpo", "algorithm.advantage_params={scale_by_std: true}"],
     "dr_grpo": ["algorithm.advantage=dr_grpo"],
-    "rloo": ["algorithm.advantage=rloo", "algorithm.advantage_params={}"],
-    "loop": ["algorithm.advantage=loop", "algorithm.advantage_params={}", "algorithm.policy_loss=loop_clip",
+    "rloo": ["algorithm.advantage=rloo"],
+    "loop": ["algorithm.advantage=loop", "algorithm.policy_loss=loop_clip",
              "algorithm.loss_params={eps: 0.1}", "algorithm.min_abs_advantage=0.01"],
-    "reinforce_pp": ["algorithm.advantage=reinforce_pp", "algorithm.advantage_params={}"],
-    "reinforce_pp_baseline": ["algorithm.advantage=reinforce_pp_baseline", "algorithm.advantage_params={}"],
-    "grpo_env_std": ["algorithm.advantage=grpo_env_std", "algorithm.advantage_params={}"],
-    "gae (separate critic)": ["algorithm.advantage=gae", "algorithm.advantage_params={}",
+    "reinforce_pp": ["algorithm.advantage=reinforce_pp"],
+    "reinforce_pp_baseline": ["algorithm.advantage=reinforce_pp_baseline"],
+    "grpo_env_std": ["algorithm.advantage=grpo_env_std"],
+    "gae (separate critic)": ["algorithm.advantage=gae",
                               "algorithm.critic=separate"],
-    "step_gae (separate critic)": ["algorithm.advantage=step_gae", "algorithm.advantage_params={}",
+    "step_gae (separate critic)": ["algorithm.advantage=step_gae",
                                    "algorithm.critic=separate"],
-    "bi_level_gae (shared critic)": ["algorithm.advantage=bi_level_gae", "algorithm.advantage_params={}",
+    "bi_level_gae (shared critic)": ["algorithm.advantage=bi_level_gae",
                                      "algorithm.critic=shared"],
     "gigpo": ["algorithm.advantage=gigpo", "algorithm.advantage_params={gamma: 0.95, omega: 1.0}"],
     "grpo + task_normalize": ["algorithm.advantage=grpo", "algorithm.task_normalize=true"],
@@ -55,6 +55,7 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             cfg = load_config("configs/calculator_tiny.yaml", [
+                "algorithm.advantage_params={}",  # each row names its own estimator's params
                 *overrides, f"trainer.total_steps={args.steps}", "trainer.eval_every=0",
                 f"trainer.eval_tasks={args.eval_tasks}", "logging.progress=false",
                 "logging.tensorboard=false", "logging.save_trajectories=false", f"run.output_dir={tmp}",
