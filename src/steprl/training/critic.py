@@ -121,6 +121,24 @@ class SeparateCritic:
         return {"critic/value_loss": sum(losses) / max(len(losses), 1)}
 
 
+class SharedCritic:
+    """A value head on the policy's hidden states. The learner trains it jointly with the policy
+    (`vf_coef`), so `update` has nothing left to do."""
+
+    def __init__(self, policy: nn.Module, head: ValueHead, *, micro_batch_size: int, pad_id: int) -> None:
+        self.policy = policy
+        self.head = head
+        self.micro_batch_size = micro_batch_size
+        self.pad_id = pad_id
+
+    def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        return per_token_values(self.policy, self.head, samples, self.pad_id, self.micro_batch_size)
+
+    def update(self, samples: Sequence[Sample], old_values: Sequence[Sequence[float]], *, epochs: int,
+               mini_batches: int, generator: torch.Generator) -> dict[str, float]:  # fmt: skip
+        return {}
+
+
 def collate_values(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:
     """Per-sample value tuples (aligned with input_ids) -> (B, T-1) target-aligned tensor."""
     out = torch.zeros(shape)

@@ -41,7 +41,7 @@ from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.training.advantage_batch import attach, build_advantage_inputs
 from steprl.training.checkpoint import save_checkpoint
-from steprl.training.critic import SeparateCritic, ValueHead, per_token_values
+from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.evaluate import evaluate
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.policy import load_policy
@@ -117,8 +117,9 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
         value_head=value_head,
         device=cfg.model.device,
     )
-    critic = (
-        SeparateCritic(
+    critic: SeparateCritic | SharedCritic | None = None
+    if algo.critic == "separate":
+        critic = SeparateCritic(
             policy.model,
             lr=algo.critic_lr,
             value_clip=algo.value_clip,
@@ -126,9 +127,13 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             micro_batch_size=cfg.trainer.micro_batch_size,
             pad_id=policy.tokenizer.pad_token_id,
         )
-        if algo.critic == "separate"
-        else None
-    )
+    elif value_head is not None:
+        critic = SharedCritic(
+            policy.model,
+            value_head,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            pad_id=policy.tokenizer.pad_token_id,
+        )
     advantage_fn = functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params)
     group_filter = functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params)
     env_ids: dict[str, int] = {}
@@ -184,14 +189,6 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             trainable = [t for g in collected.kept for t in g.trajectories]
             samples = [s for i, t in enumerate(trainable) for s in to_samples(t, i)]
             old_values = critic.values(samples) if critic else None
-            if value_head is not None:
-                old_values = per_token_values(
-                    learner.model,
-                    value_head,
-                    samples,
-                    policy.tokenizer.pad_token_id,
-                    cfg.trainer.micro_batch_size,
-                )
             abs_adv = torch.zeros(0)
             if samples:
                 inputs = build_advantage_inputs(
