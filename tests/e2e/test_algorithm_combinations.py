@@ -89,14 +89,14 @@ def test_combinations_train(tmp_path, cache_dir, extra):
 
 
 def test_empty_batch_after_filtering_skips_the_step(tmp_path, cache_dir):
-    # ragen2 top-p with p < 1 keeps nothing when no group has reward variance; whether or not
-    # a group does, the run must neither crash nor produce NaN, and a skipped step is flagged.
-    result = _run(
-        tmp_path, cache_dir, ["algorithm.group_filter=ragen2_top_p", "algorithm.filter_params={p: 0.5}"]
-    )
+    # Greedy sampling makes every rollout of a task identical: every group has zero reward
+    # variance, DAPO keeps none even after regenerating, and the step must be skipped cleanly.
+    greedy_dapo = ["rollout.temperature=0", "algorithm.group_filter=dapo", "algorithm.filter_regenerations=1"]
+    result = _run(tmp_path, cache_dir, greedy_dapo)
     for m in result.history:
-        if m["filter/skipped_step"]:
-            assert m["train/rows"] == 0 and m["actor/optimizer_steps"] == 0
+        assert m["filter/skipped_step"] == 1.0 and m["filter/regenerations"] == 1.0
+        assert m["train/rows"] == 0 and m["actor/optimizer_steps"] == 0
+    assert result.history[-1]["policy/version"] == 0  # no update was pushed
 
 
 def test_bad_algorithm_params_name_the_allowed_keys():

@@ -105,7 +105,8 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
         grad_clip=cfg.trainer.grad_clip,
         micro_batch_size=cfg.trainer.micro_batch_size,
         pad_id=policy.tokenizer.pad_token_id,
-        temperature=max(cfg.rollout.temperature, 1e-6),
+        # greedy (T=0) log-probs are reported under the unscaled softmax, as the engine does
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         regularizers=Regularizers(
             entropy_coef=algo.entropy_coef,
             kl_coef=algo.kl_coef if algo.kl_in == "loss" else 0.0,
