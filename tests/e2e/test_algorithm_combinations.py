@@ -68,6 +68,13 @@ def test_every_estimator_trains(tmp_path, cache_dir, name):
         ["algorithm.group_filter=ragen2_top_p", "algorithm.filter_params={p: 0.9}"],
         ["algorithm.overlong={max_len: 30, cache_len: 10, penalty: 1.0}"],
         ["algorithm.kl_coef=0.01", "algorithm.kl_kind=k3", "algorithm.entropy_coef=0.001"],
+        ["algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "algorithm.kl_kind=k1"],
+        [
+            "algorithm.kl_coef=0.05",
+            "algorithm.kl_in=reward",
+            "algorithm.advantage=reinforce_pp",
+            "algorithm.advantage_params={gamma: 1.0}",
+        ],
         [
             "algorithm.advantage=gae",
             "algorithm.advantage_params={gamma: 1.0, lam: 0.95}",

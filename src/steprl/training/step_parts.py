@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 import torch
 
-from steprl.algorithms import estimators, filters
-from steprl.algorithms.inputs import AdvantageOutput
+from steprl.algorithms import estimators, filters, losses
+from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput
 from steprl.config import AlgorithmSection
 from steprl.rollout.loop import RolloutSetup, rollout_groups
+from steprl.rollout.views import Sample
 from steprl.types import Group, Task, Trajectory
 
 
@@ -77,7 +78,7 @@ def shaped_rewards(trajectories: Sequence[Trajectory], algo: AlgorithmSection) -
     return rewards
 
 
-def postprocess(out: AdvantageOutput, inputs, algo: AlgorithmSection) -> AdvantageOutput:
+def postprocess(out: AdvantageOutput, inputs: AdvantageInputs, algo: AlgorithmSection) -> AdvantageOutput:
     """Optional modifiers after any estimator: AgentRL task normalisation, EMPG."""
     if algo.task_normalize:
         out = estimators.task_normalized(inputs, out)
@@ -90,3 +91,25 @@ def trajectory_abs_advantage(out: AdvantageOutput, row_traj: torch.Tensor, num_t
     """(N,) the largest |A| over each trajectory's action tokens (LOOP's |A| filter reads it)."""
     per_row = out.advantages.abs().amax(dim=1) if out.advantages.numel() else torch.zeros(row_traj.numel())
     return torch.zeros(num_traj).scatter_reduce(0, row_traj, per_row, reduce="amax")
+
+
+def with_kl_in_reward(
+    inputs: AdvantageInputs,
+    ref_logp: Sequence[torch.Tensor],
+    samples: Sequence[Sample],
+    *,
+    beta: float,
+    kind: str,
+) -> AdvantageInputs:
+    """KL in the reward (verl `use_kl_in_reward`): every action token's reward gets
+    `-beta * kl(behaviour, reference)`, and each trajectory's outcome reward the sum over its
+    tokens, so token-level and outcome estimators both see the penalty."""
+    ref = torch.zeros_like(inputs.mask)
+    behav = torch.zeros_like(inputs.mask)
+    for i, (r, s) in enumerate(zip(ref_logp, samples, strict=True)):
+        ref[i, : r.numel()] = r
+        behav[i, : len(s.old_logprobs) - 1] = torch.tensor(s.old_logprobs[1:])
+    token_rewards = losses.kl_in_reward(inputs.token_rewards, behav, ref, inputs.mask, beta, kind)
+    penalty = (token_rewards - inputs.token_rewards).sum(dim=1)
+    rewards = inputs.rewards.index_add(0, inputs.row_traj, penalty)
+    return replace(inputs, token_rewards=token_rewards, rewards=rewards)

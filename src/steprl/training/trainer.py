@@ -45,7 +45,13 @@ from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.evaluate import evaluate
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.policy import load_policy
-from steprl.training.step_parts import collect_groups, postprocess, shaped_rewards, trajectory_abs_advantage
+from steprl.training.step_parts import (
+    collect_groups,
+    postprocess,
+    shaped_rewards,
+    trajectory_abs_advantage,
+    with_kl_in_reward,
+)
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
             vf_coef=algo.vf_coef,
             value_clip=algo.value_clip,
         ),
-        ref_model=ref_model if algo.kl_in == "loss" else None,
+        ref_model=ref_model if algo.kl_in == "loss" else None,  # in-reward KL is applied below
         value_head=value_head,
         device=cfg.model.device,
     )
@@ -201,6 +207,11 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
                     values=old_values,
                     entropy=learner.entropies_of(samples) if algo.empg is not None else None,
                 )
+                if ref_model is not None and algo.kl_in == "reward":
+                    ref_logp = learner.logprobs_of(samples, ref_model)
+                    inputs = with_kl_in_reward(
+                        inputs, ref_logp, samples, beta=algo.kl_coef, kind=algo.kl_kind
+                    )
                 out = postprocess(advantage_fn(inputs), inputs, algo)
                 samples = attach(samples, out)
                 abs_adv = trajectory_abs_advantage(out, inputs.row_traj, len(trainable))
