@@ -63,3 +63,16 @@ def test_engine_batches_concurrent_requests(tokenizer, small_model):
     gens = asyncio.run(many())
     assert len(gens) == 8 and all(len(g.token_ids) == len(g.logprobs) for g in gens)
     assert engine.forward_passes <= 5  # one batch of 8, not 8 separate generations
+
+
+def test_multi_token_stop_sequences(tokenizer, small_model):
+    engine = HFEngine(small_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    prompt = [tokenizer.bos_token_id, 20, 21]
+    free = asyncio.run(engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=6)))
+    stop = tuple(free.token_ids[1:3])
+    cut = asyncio.run(
+        engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=6, stop_sequences=(stop,)))
+    )
+    assert cut.finish_reason == "stop"
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and cut.token_ids[-2:] == stop
+    assert len(cut.token_ids) <= 3

@@ -22,7 +22,9 @@ class PromptFormat(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def stop_token_ids(self, stop_strings: Sequence[str]) -> tuple[int, ...]: ...
+    def stop_tokens(self, stop_strings: Sequence[str]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """(single stop token ids, multi-token stop sequences) for the engine."""
+        ...
 
 
 class PlainFormat:
@@ -51,15 +53,20 @@ class PlainFormat:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
-    def stop_token_ids(self, stop_strings: Sequence[str]) -> tuple[int, ...]:
-        """Each stop string must be one token (tags are added tokens in steprl's tokenizers)."""
-        ids = []
+    def stop_tokens(self, stop_strings: Sequence[str]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """Single-token stop strings (tags are added tokens in steprl's tokenizers) become stop
+        ids; longer ones become token sequences matched on the output's suffix. The encoding is
+        of the string alone: exact for char-level and tag tokens (for BPE tokenizers a stop
+        string can merge with its neighbours; prefer added tokens there)."""
+        single, multi = [], []
         for s in stop_strings:
             enc = self._encode(s)
-            if len(enc) != 1:
+            if not enc:
                 raise ValueError(
-                    f"stop string {s!r} is {len(enc)} tokens in this tokenizer; the engine stops on "
-                    "single tokens. Add it to the tokenizer as an added token (see models/tiny.py TAGS)."
+                    f"stop string {s!r} encodes to no tokens; remove it from the env's stop_strings"
                 )
-            ids.append(enc[0])
-        return tuple(ids)
+            if len(enc) == 1:
+                single.append(enc[0])
+            else:
+                multi.append(enc)
+        return tuple(single), tuple(multi)

@@ -56,7 +56,7 @@ async def run_episode(
     try:
         first = await maybe_await(env.reset(task, seed))
         initial = fmt.initial_ids(getattr(env, "system_prompt", ""), first.text)
-        stop_ids = fmt.stop_token_ids(env.stop_strings)
+        stop_ids, stop_seqs = fmt.stop_tokens(env.stop_strings)
         for _turn in range(budgets.max_turns):
             prompt = rule.next_prompt(initial, history)
             room = min(budgets.max_tokens_per_turn, budgets.max_total_tokens - len(prompt))
@@ -64,7 +64,8 @@ async def run_episode(
                 break  # context budget exhausted: truncated
             version = engine.version
             gen = await engine.generate(
-                prompt, replace(sampling, max_new_tokens=room, stop_token_ids=stop_ids)
+                prompt,
+                replace(sampling, max_new_tokens=room, stop_token_ids=stop_ids, stop_sequences=stop_seqs),
             )
             transition = await maybe_await(env.step(fmt.decode(gen.token_ids)))
             reason = _end_reason(transition)

@@ -18,6 +18,8 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()  # generation stops after emitting one of these (kept)
+    #: multi-token stop strings as token sequences; generation stops once the output ends with one
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
 
 
 FinishReason = Literal["stop", "length"]

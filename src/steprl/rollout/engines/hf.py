@@ -52,6 +52,10 @@ def sample_from_logits(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def _ends_with_any(tokens: list[int], sequences: tuple[tuple[int, ...], ...]) -> bool:
+    return any(len(tokens) >= len(s) and tuple(tokens[-len(s) :]) == s for s in sequences)
+
+
 class HFEngine:
     """Serves a `transformers` causal LM to many concurrent trajectories."""
 
@@ -163,6 +167,10 @@ class HFEngine:
                     out_tokens[i].append(tok_list[i])
                     out_logps[i].append(logp_list[i])
             stopped = torch.isin(tokens, stop_ids) & alive
+            if sp.stop_sequences:  # multi-token stop strings: check each live row's suffix
+                for i in range(bsz):
+                    if alive_list[i] and _ends_with_any(out_tokens[i], sp.stop_sequences):
+                        stopped[i] = True
             for i in stopped.nonzero().flatten().tolist():
                 finish[i] = "stop"
             alive = alive & ~stopped

@@ -35,7 +35,7 @@ class ScriptedEngine:
         self.calls.append(tuple(prompt_ids))
         ids = list(self.encode(text))[: sampling.max_new_tokens]
         for i, tok in enumerate(ids):
-            if tok in sampling.stop_token_ids:
-                ids = ids[: i + 1]
-                return Generation(tuple(ids), (0.0,) * len(ids), "stop")
+            head = tuple(ids[: i + 1])
+            if tok in sampling.stop_token_ids or any(head[-len(s) :] == s for s in sampling.stop_sequences):
+                return Generation(head, (0.0,) * len(head), "stop")
         return Generation(tuple(ids), (0.0,) * len(ids), "length")
