@@ -8,6 +8,7 @@ neither a program nor an answer gets a format penalty and an error observation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,8 +47,8 @@ class RunnerFactory(Protocol):
 
 
 class CodeInterpreterEnv:
-    stop_strings = (OUTPUT_MARKER, "</answer>")
-    system_prompt = SYSTEM_PROMPT
+    stop_strings: Sequence[str] = (OUTPUT_MARKER, "</answer>")
+    system_prompt: str = SYSTEM_PROMPT
 
     def __init__(
         self,
