@@ -8,7 +8,7 @@ from steprl.envs.library.code_interpreter.env import CodeInterpreterEnv
 from steprl.envs.library.code_interpreter.policies import STRATEGIES
 from steprl.envs.library.code_interpreter.runners import SandboxRunner, SessionRunner
 from steprl.envs.library.code_interpreter.tasks import make_tasks
-from steprl.envs.registry import EnvSpec
+from steprl.envs.spec import EnvSpec
 
 
 def make_env(*, stateful: bool = False, **kwargs: Any) -> CodeInterpreterEnv:
