@@ -1,0 +1,549 @@
+"""`GymnasiumEnv`: any Gymnasium env as a steprl text `Env`, and `make_gym_spec` for its tasks.
+
+The policy sees the rendered observation (the env's own text observation, or `render_obs(obs)`)
+and acts with ``<answer>k</answer>``: for a ``Discrete(n)`` action space `k` is an integer, or
+one of `action_names`; other spaces need an `action_parser` (body text -> env action). The
+two error channels of `base.py` stay apart:
+
+* a model error (no tag, an unknown action, an action outside the space) is an
+  ``<error>reason</error>`` observation with a format penalty, never an exception; after more
+  than `max_invalid_actions` of them the episode ends with ``info["policy_error"] = True``;
+* an exception from the Gymnasium env itself (or a renderer) propagates: infrastructure.
+
+Seeding. A task *is* an initial state: `make_gym_spec` makes one task per seed, and
+``reset(task, seed)`` calls ``env.reset(seed=task.seed)`` so every episode of a GRPO group
+starts from the state shown in the task's prompt. When the episode `seed` differs from
+``task.seed`` (as in `rollout_groups`), the env's RNG is then reseeded with `seed`, so the
+stochastic dynamics (slippery ice) differ across the group, deterministically. With
+``seed == task.seed`` (as in `check_env`) this is exactly ``env.reset(seed=seed)``.
+
+Rewards: ``outcome`` is the env reward (or ``outcome(reward, terminated, truncated)``, e.g.
+`solved_on_termination` for envs whose raw reward is shaping, like Taxi), ``format`` the
+penalty for invalid actions, ``cost`` the turn / call costs of `RewardConfig`. A valid move is
+reported as ``action_kind="tool_call"`` (an action on the environment); ``info["anchor"]`` is
+the rendered state the action was taken in (the GiGPO anchor state).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import islice
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from gymnasium.utils import seeding
+
+from steprl.envs.base import Observation, Transition
+from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
+from steprl.envs.policy import Policy
+from steprl.envs.registry import EnvSpec
+from steprl.envs.rewards import RewardBreakdown, RewardConfig, cost_component, format_component
+from steprl.types import Task
+
+#: Builds a Gymnasium env from keyword arguments (a registered id is passed to `gym.make`).
+GymFactory = Callable[..., gym.Env[Any, Any]]
+#: Raw observation -> the text the policy sees.
+ObsRenderer = Callable[[Any], str]
+#: Body of the action tag -> env action; raise `ValueError` with a short reason if invalid.
+ActionParser = Callable[[str], Any]
+#: Env action -> body of the action tag (the inverse of the parser, for scripted policies).
+ActionFormatter = Callable[[Any], str]
+#: (env reward, terminated, truncated) -> the step's `outcome` reward component.
+OutcomeFn = Callable[[float, bool, bool], float]
+#: Raw observation -> the env action an expert takes there.
+ExpertFn = Callable[[Any], Any]
+
+_MAX_ERROR_CHARS = 160
+_MAX_REJECTIONS = 10_000  # consecutive seeds outside the split before giving up
+_ENV_CACHE = 4  # gym env instances kept per GymnasiumEnv (one per distinct env_kwargs)
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+_JUNK = "0123456789 <>/answr{}-_:abcdefghijklmnopqrstuvwxyz"
+
+
+def solved_on_termination(reward: float, terminated: bool, truncated: bool) -> float:
+    """Outcome 1 when the episode terminates, else 0: for envs that end only on success (Taxi)."""
+    return 1.0 if terminated else 0.0
+
+
+def make_gym_env(env: str | GymFactory, **kwargs: Any) -> gym.Env[Any, Any]:
+    """`gym.make(env, **kwargs)` for a registered id, `env(**kwargs)` for a factory."""
+    return gym.make(env, **kwargs) if isinstance(env, str) else env(**kwargs)
+
+
+def _kwargs_key(kwargs: Mapping[str, Any]) -> str:
+    return json.dumps(kwargs, sort_keys=True, default=repr)
+
+
+def _jsonable(value: Any) -> Any:
+    """An env action as a JSON-friendly value for `info` (numpy scalars/arrays to Python)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value if isinstance(value, int | float | str | bool | type(None)) else repr(value)
+
+
+def _shorten(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class DiscreteActions:
+    """The default action protocol of a ``Discrete(n, start)`` space: an integer or a name."""
+
+    def __init__(self, space: spaces.Discrete, names: Sequence[str] | None = None) -> None:
+        self.start, self.n = int(space.start), int(space.n)
+        self.names = tuple(names) if names is not None else None
+        if self.names is not None:
+            if len(self.names) != self.n:
+                raise ValueError(
+                    f"action_names has {len(self.names)} names for a Discrete({self.n}) space; give "
+                    "exactly one name per action, in action order."
+                )
+            lowered = [name.strip().lower() for name in self.names]
+            if len(set(lowered)) != self.n or not all(lowered):
+                raise ValueError(f"action_names {list(self.names)} must be non-empty and distinct.")
+            self._by_name = {name: self.start + i for i, name in enumerate(lowered)}
+
+    def parse(self, text: str) -> int:
+        body = text.strip()
+        if self.names is not None and body.lower() in self._by_name:
+            return self._by_name[body.lower()]
+        value = int(body) if _INTEGER.fullmatch(body) else None
+        if value is not None and self.start <= value < self.start + self.n:
+            return value
+        raise ValueError(f"unknown action {_shorten(body, 24)!r}; use {self.describe()}")
+
+    def format(self, action: Any) -> str:
+        index = int(action)
+        return self.names[index - self.start] if self.names is not None else str(index)
+
+    def describe(self) -> str:
+        if self.names is not None:
+            return "one of " + ", ".join(self.names)
+        return f"an integer from {self.start} to {self.start + self.n - 1}"
+
+
+def _text_parser(space: spaces.Text) -> ActionParser:
+    def parse(text: str) -> str:
+        body = text.strip()
+        if not space.contains(body):
+            raise ValueError(f"action must be {space.min_length}-{space.max_length} allowed characters")
+        return body
+
+    return parse
+
+
+class GymnasiumEnv:
+    """Implements `Env` for a Gymnasium env, one episode at a time (see the module docstring).
+
+    Args:
+        env: a registered Gymnasium id (``"FrozenLake-v1"``) or a factory ``(**kwargs) -> gym.Env``.
+        env_kwargs: passed to `gym.make` / the factory; a task's ``params["env_kwargs"]`` is
+            merged over them (e.g. a per-task map), rebuilding the env when they change.
+        render_obs: raw observation -> text; default: the observation itself, which must be a
+            string (a ``spaces.Text`` observation space).
+        action_names: names of the actions of a ``Discrete`` space, in order; the policy may use
+            either the name or the integer.
+        action_parser / action_formatter: the action protocol for other spaces (body text ->
+            action, raising `ValueError` with a short reason; action -> body text).
+        outcome: (env reward, terminated, truncated) -> the outcome component; default: the env
+            reward itself.
+        description: what the task is, opening the system prompt (e.g. the rules, the legend).
+        system_prompt: replaces the default prompt entirely.
+        rewards: the format penalty and costs (see `RewardConfig`).
+        max_invalid_actions: invalid actions tolerated; one more ends the episode as a policy error.
+        action_tag: the tag that wraps an action (default ``answer``).
+        format_hint: appended to parse errors; default: the expected form of an action.
+    """
+
+    def __init__(
+        self,
+        env: str | GymFactory,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        render_obs: ObsRenderer | None = None,
+        action_names: Sequence[str] | None = None,
+        action_parser: ActionParser | None = None,
+        action_formatter: ActionFormatter | None = None,
+        outcome: OutcomeFn | None = None,
+        description: str = "",
+        system_prompt: str | None = None,
+        rewards: RewardConfig | None = None,
+        max_invalid_actions: int = 3,
+        action_tag: str = "answer",
+        format_hint: str | None = None,
+    ) -> None:
+        if max_invalid_actions < 0:
+            raise ValueError(f"max_invalid_actions must be >= 0, got {max_invalid_actions}.")
+        self.env_id = env
+        self.env_kwargs: dict[str, Any] = dict(env_kwargs or {})
+        self._envs: OrderedDict[str, gym.Env[Any, Any]] = OrderedDict()
+        base = self._gym_env(self.env_kwargs)
+        self.action_space = base.action_space
+        self.observation_space = base.observation_space
+        if render_obs is None and not isinstance(self.observation_space, spaces.Text):
+            raise ValueError(
+                f"{env!r} has {self.observation_space} observations, not text; pass "
+                "render_obs=lambda obs: ... to turn an observation into the text the policy sees."
+            )
+        self.render_obs: ObsRenderer = render_obs if render_obs is not None else _render_text
+        self.parse_action, self.format_action, describe = _action_protocol(
+            self.action_space, action_names, action_parser, action_formatter
+        )
+        self.outcome = outcome
+        self.rewards = rewards if rewards is not None else RewardConfig()
+        self.max_invalid_actions = max_invalid_actions
+        self.syntax = ActionSyntax(answer_tag=action_tag)
+        self.action_tag = action_tag
+        self.stop_strings: Sequence[str] = self.syntax.stop_strings
+        self.format_hint = (
+            format_hint if format_hint is not None else f"act with <{action_tag}>a</{action_tag}>"
+        )
+        if system_prompt is None:
+            system_prompt = (
+                (description.strip() + "\n" if description.strip() else "")
+                + f"Each turn, act with <{action_tag}>a</{action_tag}> where a is {describe}. "
+                "You then see the new state; a mistake comes back as <error>...</error>."
+            )
+        self.system_prompt = system_prompt
+        self._env: gym.Env[Any, Any] | None = None
+        self._done = True
+        self._invalid = 0
+        self._turn = 0
+        self.raw_obs: Any = None  # the current raw observation (for experts and debugging)
+        self._rendered = ""
+
+    def _gym_env(self, kwargs: Mapping[str, Any]) -> gym.Env[Any, Any]:
+        """The env built with `kwargs`, from a small LRU cache (maps differ per task)."""
+        key = _kwargs_key(kwargs)
+        env = self._envs.get(key)
+        if env is None:
+            env = make_gym_env(self.env_id, **kwargs)
+            self._envs[key] = env
+            while len(self._envs) > _ENV_CACHE:
+                self._envs.popitem(last=False)[1].close()
+        self._envs.move_to_end(key)
+        return env
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        """Start an episode in the task's initial state (see the module docstring on seeding)."""
+        kwargs = {**self.env_kwargs, **dict(task.params.get("env_kwargs", {}))}
+        env = self._gym_env(kwargs)
+        obs, _ = env.reset(seed=_seed(task.seed))
+        if seed != task.seed:
+            env.unwrapped.np_random = seeding.np_random(_seed(seed))[0]
+        self._env, self._done, self._invalid, self._turn = env, False, 0, 0
+        self.raw_obs, self._rendered = obs, self._render(obs)
+        return Observation(self._rendered, {"task_id": task.id, "seed": seed, "anchor": self._rendered})
+
+    def step(self, action: str) -> Transition:
+        """Parse `action`, step the env, and price the step (see the module docstring)."""
+        if self._env is None or self._done:
+            raise RuntimeError(
+                "GymnasiumEnv.step() called before reset() or after the episode ended; "
+                "call reset(task, seed)."
+            )
+        self._turn += 1
+        parsed = self.syntax.parse(action)
+        if isinstance(parsed, InvalidAction):
+            return self._invalid_action(parsed.reason)
+        assert isinstance(parsed, FinalAnswer)  # no tools: the action tag is the only call
+        try:
+            move = self.parse_action(parsed.text)
+        except (ValueError, TypeError) as exc:
+            return self._invalid_action(str(exc) or "invalid action")
+        try:
+            allowed = bool(self.action_space.contains(move))
+        except Exception:  # a custom parser's odd value: `contains` of some spaces raises on it
+            allowed = False
+        if not allowed:
+            return self._invalid_action(f"action {_shorten(parsed.text, 24)!r} is not in the action space")
+        anchor = self._rendered
+        obs, reward, terminated, truncated, _ = self._env.step(move)
+        env_reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        outcome = self.outcome(env_reward, terminated, truncated) if self.outcome else env_reward
+        self.raw_obs, self._rendered = obs, self._render(obs)
+        self._done = terminated or truncated
+        breakdown = RewardBreakdown(
+            {
+                "outcome": float(outcome),
+                "format": format_component("tool_call", self.rewards),
+                "cost": cost_component("tool_call", self.rewards),
+            }
+        )
+        return self._transition(
+            "" if self._done else self._rendered,
+            breakdown,
+            kind="tool_call",
+            anchor=anchor,
+            terminated=terminated,
+            truncated=truncated,
+            valid=True,
+            extra={"env_action": _jsonable(move), "env_reward": env_reward},
+        )
+
+    def close(self) -> None:
+        """Close every cached Gymnasium env; safe to call any number of times."""
+        while self._envs:
+            self._envs.popitem()[1].close()
+        self._env, self._done = None, True
+
+    def _render(self, obs: Any) -> str:
+        text = self.render_obs(obs)
+        if not isinstance(text, str):
+            raise TypeError(f"render_obs returned {type(text).__name__}; it must return str.")
+        return text
+
+    def _invalid_action(self, reason: str) -> Transition:
+        self._invalid += 1
+        give_up = self._invalid > self.max_invalid_actions
+        self._done = give_up
+        reason = _shorten(reason)
+        breakdown = RewardBreakdown(
+            {
+                "outcome": 0.0,
+                "format": format_component("invalid", self.rewards),
+                "cost": cost_component("invalid", self.rewards),
+            }
+        )
+        return self._transition(
+            "" if give_up else f"<error>{reason}; {self.format_hint}</error>",
+            breakdown,
+            kind="invalid",
+            anchor=self._rendered,
+            terminated=give_up,
+            error=reason,
+            policy_error=give_up,
+        )
+
+    def _transition(
+        self,
+        observation: str,
+        rewards: RewardBreakdown,
+        *,
+        kind: ActionKind,
+        anchor: str,
+        terminated: bool = False,
+        truncated: bool = False,
+        valid: bool | None = None,
+        error: str | None = None,
+        policy_error: bool = False,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Transition:
+        info = {
+            "reward_components": rewards.as_dict(),
+            "action_kind": kind,
+            "tool_call_valid": valid,
+            "tool_name": None,
+            "error": error,
+            "policy_error": policy_error,
+            "turn": self._turn,
+            "invalid_actions": self._invalid,
+            "anchor": anchor,
+            **(extra or {}),
+        }
+        return Transition(observation, rewards.total, terminated, truncated, info)
+
+
+def _render_text(obs: Any) -> str:
+    if not isinstance(obs, str):
+        raise TypeError(f"the observation is {type(obs).__name__}, not text; pass render_obs=... .")
+    return obs
+
+
+def _seed(seed: int) -> int:
+    """Gymnasium wants a non-negative seed; fold any int into [0, 2**63)."""
+    return int(seed) % 2**63
+
+
+def _action_protocol(
+    space: spaces.Space[Any],
+    names: Sequence[str] | None,
+    parser: ActionParser | None,
+    formatter: ActionFormatter | None,
+) -> tuple[ActionParser, ActionFormatter, str]:
+    """(parser, formatter, description) for `space`: the defaults, or the hooks given."""
+    if isinstance(space, spaces.Discrete):
+        default = DiscreteActions(space, names)
+        return parser or default.parse, formatter or default.format, default.describe()
+    if names is not None:
+        raise ValueError(f"action_names needs a Discrete action space, got {space}; pass action_parser.")
+    if isinstance(space, spaces.Text):
+        return parser or _text_parser(space), formatter or str, "a text action"
+    if parser is None:
+        raise ValueError(
+            f"no default action parser for {space}; pass action_parser=(text -> action, raising "
+            "ValueError for bad text) and action_formatter=(action -> text)."
+        )
+    return parser, formatter or str, f"an action of {space}"
+
+
+# --- scripted policies and the spec -------------------------------------------------------------------
+
+
+def shortest_path_expert(
+    transitions: Mapping[int, Mapping[int, Sequence[tuple[float, int, float, bool]]]],
+    is_goal: Callable[[float, bool], bool] = lambda reward, terminated: terminated and reward > 0,
+) -> ExpertFn:
+    """An expert for tabular envs with a transition table (Gymnasium toy_text ``env.unwrapped.P``).
+
+    ``P[s][a] = [(prob, next_state, reward, terminated), ...]``; the expert follows the most
+    likely outcome of each action along a shortest path (BFS) to a transition that
+    `is_goal(reward, terminated)`, avoiding other terminal transitions.
+    """
+    cache: dict[int, int] = {}
+
+    def first_move(state: int) -> int:
+        start = int(state)
+        if start in cache:
+            return cache[start]
+        seen = {start}
+        queue: deque[tuple[int, int | None]] = deque([(start, None)])
+        while queue:
+            s, first = queue.popleft()
+            for a, outcomes in sorted(transitions[s].items()):
+                _, nxt, reward, terminated = max(outcomes, key=lambda o: o[0])
+                move = a if first is None else first
+                if is_goal(float(reward), bool(terminated)):
+                    cache[start] = int(move)
+                    return int(move)
+                if not terminated and int(nxt) not in seen:
+                    seen.add(int(nxt))
+                    queue.append((int(nxt), move))
+        raise ValueError(f"no path to a goal from state {start}; check is_goal.")
+
+    return first_move
+
+
+class _ReplayExpert:
+    """A `Policy` from an `ExpertFn` on raw observations.
+
+    Policies see text only, so the raw observation is recovered by replaying the episode's
+    actions in a private `GymnasiumEnv` reset with ``task.seed`` (exact when the real episode
+    used that seed, or the dynamics are deterministic). Replays extend incrementally.
+    """
+
+    def __init__(self, shadow: GymnasiumEnv, expert: ExpertFn) -> None:
+        self.shadow, self.expert = shadow, expert
+        self._task: Task | None = None
+        self._done: list[str] = []
+
+    def __call__(self, task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+        actions = [a for a, _ in history]
+        if self._task != task or actions[: len(self._done)] != self._done:
+            self.shadow.reset(task, task.seed)
+            self._task, self._done = task, []
+        for action in actions[len(self._done) :]:
+            self.shadow.step(action)
+            self._done.append(action)
+        move = self.expert(self.shadow.raw_obs)
+        tag = self.shadow.action_tag
+        return f"<{tag}>{self.shadow.format_action(move)}</{tag}>"
+
+
+def random_policy_for(template: GymnasiumEnv, junk_rate: float = 0.15) -> Policy:
+    """Samples the action space (seeded from `rng`); a `junk_rate` share of malformed text."""
+    space, tag = template.action_space, template.action_tag
+
+    def random_policy(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+        if rng.random() < junk_rate:
+            return "".join(rng.choice(_JUNK) for _ in range(rng.randint(0, 24)))
+        space.seed(rng.getrandbits(32))
+        return f"<{tag}>{template.format_action(space.sample())}</{tag}>"
+
+    return random_policy
+
+
+def split_of(prompt: str, eval_fraction: float) -> str:
+    """The split of `prompt`: "eval" for a stable `eval_fraction` share of prompts (by sha256)."""
+    digest = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction else "train"
+
+
+def make_gym_spec(
+    name: str,
+    env: str | GymFactory,
+    *,
+    expert: ExpertFn | None = None,
+    task_env_kwargs: Callable[[int], Mapping[str, Any]] | None = None,
+    eval_fraction: float = 0.2,
+    max_turns: int = 16,
+    description: str = "",
+    strategies: Mapping[str, Policy] | None = None,
+    **env_options: Any,
+) -> EnvSpec:
+    """An `EnvSpec` for a Gymnasium env: one task per seed, an expert and a random strategy.
+
+    A task's prompt is the rendered initial observation of ``env.reset(seed=task.seed)``
+    (with ``task_env_kwargs(task.seed)`` merged into the env kwargs when given, e.g. a random
+    map per task); it goes to "eval" for a stable `eval_fraction` share of prompts, so the
+    splits are disjoint. `expert` maps a raw observation to the action to take (required
+    unless `strategies` has an "expert"). `env_options` are `GymnasiumEnv` keyword arguments;
+    ``factory(**env_params)`` overrides them.
+    """
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}.")
+    template = GymnasiumEnv(env, **env_options)
+
+    def factory(**params: Any) -> GymnasiumEnv:
+        return GymnasiumEnv(env, **{**env_options, **params})
+
+    def tasks(split: str, seed: int, n: int | None = None) -> Iterator[Task]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
+        stream = _task_stream(name, template, split, seed, task_env_kwargs, eval_fraction)
+        return stream if n is None else islice(stream, n)
+
+    policies: dict[str, Policy] = {"random": random_policy_for(template)}
+    if expert is not None:
+        policies["expert"] = _ReplayExpert(GymnasiumEnv(env, **env_options), expert)
+    policies.update(strategies or {})
+    return EnvSpec(
+        name=name,
+        factory=factory,
+        tasks=tasks,
+        strategies=policies,
+        max_turns=max_turns,
+        description=description,
+    )
+
+
+def _task_stream(
+    name: str,
+    template: GymnasiumEnv,
+    split: str,
+    seed: int,
+    task_env_kwargs: Callable[[int], Mapping[str, Any]] | None,
+    eval_fraction: float,
+) -> Iterator[Task]:
+    rng = random.Random(f"{name}-{seed}")
+    index = rejected = 0
+    while True:
+        task_seed = rng.randrange(2**31)
+        kwargs = dict(task_env_kwargs(task_seed)) if task_env_kwargs is not None else {}
+        probe = Task(id="probe", prompt="", env=name, seed=task_seed, params={"env_kwargs": kwargs})
+        prompt = template.reset(probe, task_seed).text
+        if split_of(prompt, eval_fraction) != split:
+            rejected += 1
+            if rejected > _MAX_REJECTIONS:
+                raise RuntimeError(
+                    f"{name}: no {split!r} task in {_MAX_REJECTIONS} seeds; the initial observations "
+                    "barely vary with the seed. Pass task_env_kwargs (e.g. a random map per seed)."
+                )
+            continue
+        rejected = 0
+        yield Task(
+            id=f"{name}-{split}-{seed}-{index}",
+            prompt=prompt,
+            env=name,
+            seed=task_seed,
+            params={"env_kwargs": kwargs},
+        )
+        index += 1
