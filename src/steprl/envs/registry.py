@@ -36,7 +36,7 @@ class UnknownEnvError(KeyError):
 
 def _builtin_specs() -> dict[str, EnvSpec]:
     """The one explicit list of built-in environments."""
-    from steprl.envs.library import calculator, code_interpreter, search
+    from steprl.envs.library import apps, calculator, code_interpreter, search
 
     return {
         "calculator": EnvSpec(
@@ -48,6 +48,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
             description="multi-turn integer arithmetic with a one-operation calc tool",
         ),
         "code": code_interpreter.SPEC,
+        "apps": apps.SPEC,
         "search": search.SPEC,
     }
 

@@ -1,0 +1,60 @@
+"""AppWorld-like stateful apps: contacts, email and calendar over SQLite, verified by unit tests.
+
+Layout: `world` (seeded data) -> `db` (golden database per world, one private copy per
+episode, `state_hash`) -> `api` (the functions, `api_docs`) -> `checks` (unit tests over the
+final state) -> `templates` (task templates with the expert's plans) -> `tasks` (the task
+stream) -> `env` (`AppsEnv`) -> `policies` (expert, partial, careless, random).
+
+`SPEC` describes the env for the registry (it is not registered here).
+"""
+
+from steprl.envs.library.apps.api import APPS, FUNCTIONS, MUTATING, Apps, api_docs_text
+from steprl.envs.library.apps.checks import Change, Report, UnitResult, run_tests
+from steprl.envs.library.apps.db import baseline_hash, episode_db, golden, snapshot, state_hash
+from steprl.envs.library.apps.env import AppsEnv, system_prompt
+from steprl.envs.library.apps.policies import STRATEGIES, careless, expert, partial, random_policy
+from steprl.envs.library.apps.tasks import ENV_NAME, make_tasks, split_of
+from steprl.envs.library.apps.templates import TEMPLATES, Template
+from steprl.envs.library.apps.world import World, build_world
+from steprl.envs.spec import EnvSpec
+
+SPEC = EnvSpec(
+    name=ENV_NAME,
+    factory=AppsEnv,
+    tasks=make_tasks,
+    strategies=STRATEGIES,
+    max_turns=10,  # the longest expert plan is 5 calls + the answer; careless adds 2 calls
+    description="AppWorld-like contacts/email/calendar apps over SQLite, scored by unit tests on the "
+    "final state",
+)
+
+__all__ = [
+    "APPS",
+    "FUNCTIONS",
+    "MUTATING",
+    "SPEC",
+    "STRATEGIES",
+    "TEMPLATES",
+    "Apps",
+    "AppsEnv",
+    "Change",
+    "Report",
+    "Template",
+    "UnitResult",
+    "World",
+    "api_docs_text",
+    "baseline_hash",
+    "build_world",
+    "careless",
+    "episode_db",
+    "expert",
+    "golden",
+    "make_tasks",
+    "partial",
+    "random_policy",
+    "run_tests",
+    "snapshot",
+    "split_of",
+    "state_hash",
+    "system_prompt",
+]
