@@ -36,7 +36,7 @@ class UnknownEnvError(KeyError):
 
 def _builtin_specs() -> dict[str, EnvSpec]:
     """The one explicit list of built-in environments."""
-    from steprl.envs.library import apps, calculator, code_interpreter, search
+    from steprl.envs.library import apps, calculator, code_interpreter, puzzles, search
 
     return {
         "calculator": EnvSpec(
@@ -49,6 +49,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         ),
         "code": code_interpreter.SPEC,
         "apps": apps.SPEC,
+        **puzzles.SPECS,  # frozenlake, sokoban, bandit
         "search": search.SPEC,
     }
 
