@@ -56,3 +56,17 @@ def test_missing_file_and_malformed_override():
 def test_default_demo_config_is_valid():
     cfg = load_config("configs/calculator_tiny.yaml")
     assert cfg.derived()["trajectories_per_step"] == cfg.rollout.tasks_per_step * cfg.rollout.group_size
+
+
+def test_every_shipped_config_loads_and_names_a_registered_env():
+    from pathlib import Path
+
+    from steprl.envs.registry import ENVS
+
+    configs = sorted(Path("configs").glob("*.yaml"))
+    assert len(configs) >= 7
+    for path in configs:
+        cfg = load_config(path)
+        assert cfg.env.name in ENVS, path
+        missing = set(cfg.model.sft.strategies) - set(ENVS[cfg.env.name].strategies)
+        assert not missing, (path, missing)
