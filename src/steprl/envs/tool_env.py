@@ -122,7 +122,57 @@ def _shorten(text: str, limit: int) -> str:
     return text[:head] + marker + text[len(text) - head :] if head else text[:limit]
 
 
-class ToolEnv:
+class ToolEpisode:
+    """Transition bookkeeping shared by tool environments (`ToolEnv`, `MCPToolEnv`): the
+    invalid-action count and cut-off, and the `info` keys every transition carries."""
+
+    rewards: RewardConfig
+    max_invalid_actions: int
+    format_hint: str | None
+    _invalid: int
+    _turn: int
+    _done: bool
+
+    def _invalid_action(self, reason: str) -> Transition:
+        self._invalid += 1
+        give_up = self._invalid > self.max_invalid_actions
+        self._done = give_up
+        shown = f"{reason}; {self.format_hint}" if self.format_hint else reason
+        return self._transition(
+            "" if give_up else f"<error>{shown}</error>",
+            step_rewards("invalid", self.rewards),
+            terminated=give_up,
+            kind="invalid",
+            error=reason,
+            policy_error=give_up,
+        )
+
+    def _transition(
+        self,
+        observation: str,
+        rewards: RewardBreakdown,
+        *,
+        kind: ActionKind,
+        terminated: bool = False,
+        tool: str | None = None,
+        valid: bool | None = None,
+        error: str | None = None,
+        policy_error: bool = False,
+    ) -> Transition:
+        info = {
+            "reward_components": rewards.as_dict(),
+            "action_kind": kind,
+            "tool_call_valid": valid,
+            "tool_name": tool,
+            "error": error,
+            "policy_error": policy_error,
+            "turn": self._turn,
+            "invalid_actions": self._invalid,
+        }
+        return Transition(observation, rewards.total, terminated, False, info)
+
+
+class ToolEnv(ToolEpisode):
     """Implements `Env` for any set of tools, one episode at a time (see the module docstring).
 
     Args:
@@ -225,41 +275,3 @@ class ToolEnv:
         return self._transition(
             f"<error>{error}</error>", rewards, kind="tool_call", tool=call.name, valid=False, error=error
         )
-
-    def _invalid_action(self, reason: str) -> Transition:
-        self._invalid += 1
-        give_up = self._invalid > self.max_invalid_actions
-        self._done = give_up
-        shown = f"{reason}; {self.format_hint}" if self.format_hint else reason
-        return self._transition(
-            "" if give_up else f"<error>{shown}</error>",
-            step_rewards("invalid", self.rewards),
-            terminated=give_up,
-            kind="invalid",
-            error=reason,
-            policy_error=give_up,
-        )
-
-    def _transition(
-        self,
-        observation: str,
-        rewards: RewardBreakdown,
-        *,
-        kind: ActionKind,
-        terminated: bool = False,
-        tool: str | None = None,
-        valid: bool | None = None,
-        error: str | None = None,
-        policy_error: bool = False,
-    ) -> Transition:
-        info = {
-            "reward_components": rewards.as_dict(),
-            "action_kind": kind,
-            "tool_call_valid": valid,
-            "tool_name": tool,
-            "error": error,
-            "policy_error": policy_error,
-            "turn": self._turn,
-            "invalid_actions": self._invalid,
-        }
-        return Transition(observation, rewards.total, terminated, False, info)

@@ -39,10 +39,10 @@ import mcp.types as mcp_types
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 
 from steprl.envs.base import Observation, ToolError, Transition, maybe_await
-from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction, ToolCall
+from steprl.envs.parsing import ActionSyntax, FinalAnswer, InvalidAction, ToolCall
 from steprl.envs.parsing import stop_strings as make_stop_strings
-from steprl.envs.rewards import RewardBreakdown, RewardConfig, step_rewards
-from steprl.envs.tool_env import check_arguments
+from steprl.envs.rewards import RewardConfig, step_rewards
+from steprl.envs.tool_env import ToolEpisode, check_arguments
 from steprl.types import Task
 
 logger = logging.getLogger(__name__)
@@ -285,7 +285,7 @@ def _utf8(arguments: Mapping[str, Any]) -> bool:
     return True
 
 
-class MCPToolEnv:
+class MCPToolEnv(ToolEpisode):
     """Implements `Env` (async) for the tools of an MCP server (see the module docstring).
 
     Args:
@@ -437,41 +437,3 @@ class MCPToolEnv:
         return self._transition(
             f"<error>{error}</error>", rewards, kind="tool_call", tool=call.name, valid=False, error=error
         )
-
-    def _invalid_action(self, reason: str) -> Transition:
-        self._invalid += 1
-        give_up = self._invalid > self.max_invalid_actions
-        self._done = give_up
-        shown = f"{reason}; {self.format_hint}" if self.format_hint else reason
-        return self._transition(
-            "" if give_up else f"<error>{shown}</error>",
-            step_rewards("invalid", self.rewards),
-            terminated=give_up,
-            kind="invalid",
-            error=reason,
-            policy_error=give_up,
-        )
-
-    def _transition(
-        self,
-        observation: str,
-        rewards: RewardBreakdown,
-        *,
-        kind: ActionKind,
-        terminated: bool = False,
-        tool: str | None = None,
-        valid: bool | None = None,
-        error: str | None = None,
-        policy_error: bool = False,
-    ) -> Transition:
-        info = {
-            "reward_components": rewards.as_dict(),
-            "action_kind": kind,
-            "tool_call_valid": valid,
-            "tool_name": tool,
-            "error": error,
-            "policy_error": policy_error,
-            "turn": self._turn,
-            "invalid_actions": self._invalid,
-        }
-        return Transition(observation, rewards.total, terminated, False, info)
