@@ -178,6 +178,26 @@ class TrainerSection(_Section):
     checkpoint_every: int = Field(0, ge=0)  # 0 = only at the end
 
 
+class RuntimeSection(_Section):
+    """Where environments run. The training code is the same for all three backends.
+
+    * `inprocess`: env instances live in the trainer process (the default).
+    * `http`: behind `steprl serve-env` (FastAPI); `env_server_url` names a running server, or
+      when it is unset the trainer starts one on loopback for the run and stops it at the end.
+    * `ray`: env instances live in `env_workers` Ray actors; `rollout_workers` Ray actors run
+      the agent loop with their own engine copy (0 = the agent loop stays in the trainer).
+    """
+
+    backend: Literal["inprocess", "http", "ray"] = "inprocess"
+    env_server_url: str | None = None  # http: e.g. http://127.0.0.1:8765 (token from env_token_var)
+    env_token_var: str = "STEPRL_ENV_TOKEN"  # environment variable that holds the server's token
+    env_workers: int = Field(2, gt=0)  # ray: env worker actors
+    rollout_workers: int = Field(0, ge=0)  # ray: rollout worker actors (0 = in the trainer)
+    max_concurrent_envs: int = Field(256, gt=0)  # EnvPool: live env instances at once
+    env_call_timeout_s: float = Field(30.0, gt=0)  # deadline of one reset/step/close
+    failure_budget: float = Field(0.25, ge=0, le=1)  # max share of infra-failed trajectories per step
+
+
 class LoggingSection(_Section):
     tensorboard: bool = True
     progress: bool = True
@@ -191,6 +211,7 @@ class Config(_Section):
     rollout: RolloutSection = RolloutSection()
     algorithm: AlgorithmSection = AlgorithmSection()
     trainer: TrainerSection = TrainerSection()
+    runtime: RuntimeSection = RuntimeSection()
     logging: LoggingSection = LoggingSection()
 
     def derived(self) -> dict[str, int]:

@@ -23,6 +23,11 @@ class EndReason(StrEnum):
     TRUNCATED = "truncated"  # turn / token / time budget ran out; not the policy's fault
     POLICY_ERROR = "policy_error"  # too many invalid actions (each one was shown to the model)
     INFRA_FAILED = "infra_failed"  # env/tool/server failure: excluded from the loss, counted
+    ENV_TIMEOUT = "env_timeout"  # an env call passed its deadline: excluded from the loss, counted
+
+
+#: End reasons that are the infrastructure's fault: counted, never trained on, never scored.
+NOT_TRAINABLE = frozenset({EndReason.INFRA_FAILED, EndReason.ENV_TIMEOUT})
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,9 @@ class Trajectory:
 
     @property
     def trainable(self) -> bool:
-        """Infra failures never become training samples (they would look like reward 0)."""
-        return self.end is not EndReason.INFRA_FAILED
+        """Infra failures and env timeouts never become training samples (they would look like
+        reward 0 and teach the policy that a broken server is its fault)."""
+        return self.end not in NOT_TRAINABLE
 
     @property
     def num_action_tokens(self) -> int:

@@ -14,7 +14,7 @@ from steprl.diagnostics.metrics import (
     reward_component_means,
     rollout_metrics,
 )
-from steprl.types import EndReason, Step, Trajectory
+from steprl.types import NOT_TRAINABLE, EndReason, Step, Trajectory
 
 PROMPT = (1, 2, 3, 4)  # every trajectory's first prompt: 4 tokens
 
@@ -114,10 +114,12 @@ def test_rollout_metrics_hand_computed() -> None:
         "end/truncated": 1.0,
         "end/policy_error": 0.0,
         "end/infra_failed": 1.0,
+        "end/env_timeout": 0.0,
         "end_frac/answered": 7 / 9,
         "end_frac/truncated": 1 / 9,
         "end_frac/policy_error": 0.0,
         "end_frac/infra_failed": 1 / 9,
+        "end_frac/env_timeout": 0.0,
         "traj/in": 9.0,
         "traj/out": 9.0,
         "traj/trainable": 8.0,
@@ -133,7 +135,7 @@ def test_every_end_reason_has_a_count_and_in_equals_out() -> None:
     for reason in EndReason:
         assert m[f"end/{reason.value}"] == 1.0
     assert m["traj/in"] == m["traj/out"] == len(EndReason)
-    assert m["traj/trainable"] == len(EndReason) - 1
+    assert m["traj/trainable"] == len(EndReason) - len(NOT_TRAINABLE)
 
 
 def test_infra_failed_only_is_counted_but_not_scored() -> None:

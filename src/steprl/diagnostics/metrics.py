@@ -24,7 +24,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from steprl.types import EndReason, Trajectory
+from steprl.types import NOT_TRAINABLE, EndReason, Trajectory
 
 #: Rewards closer than this count as equal when deciding that a group has zero variance.
 ZERO_VARIANCE_TOL = 1e-8
@@ -95,7 +95,7 @@ def rollout_metrics(
     """Reward, success, episode-shape, tool-use and end-reason metrics for one batch of rollouts.
 
     Groups are formed from `Trajectory.group_id` (all rollouts of one task share it). Only
-    trainable trajectories (not `infra_failed`) enter the reward / success / episode / tool
+    trainable trajectories (not `infra_failed` / `env_timeout`) enter the reward / success / episode / tool
     statistics; `end/*` and `traj/*` count all of them, and `traj/in == traj/out` always.
 
     Keys (all always present):
@@ -115,7 +115,7 @@ def rollout_metrics(
       end/<reason>                  count, for every EndReason; end_frac/<reason> the share
       traj/in, traj/out, traj/trainable
     """
-    trainable = [t for t in trajectories if _end_reason(t) is not EndReason.INFRA_FAILED]
+    trainable = [t for t in trajectories if _end_reason(t) not in NOT_TRAINABLE]
     rewards = [t.outcome_reward for t in trainable]
 
     by_group: dict[str, list[float]] = defaultdict(list)
@@ -174,7 +174,7 @@ def reward_component_means(trajectories: Sequence[Trajectory]) -> dict[str, floa
     trajectory that never received a component contributing 0 (so the component means add up
     to `reward/mean` when the components sum to the step rewards). Empty input -> `{}`.
     """
-    trainable = [t for t in trajectories if _end_reason(t) is not EndReason.INFRA_FAILED]
+    trainable = [t for t in trajectories if _end_reason(t) not in NOT_TRAINABLE]
     totals: dict[str, float] = defaultdict(float)
     for t in trainable:
         for s in t.steps:
@@ -198,7 +198,7 @@ def env_metrics(trajectories: Sequence[Trajectory], *, success_threshold: float 
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         bucket = by_env[t.env]  # create the key even for an env that only failed
-        if _end_reason(t) is not EndReason.INFRA_FAILED:
+        if _end_reason(t) not in NOT_TRAINABLE:
             bucket.append(t)
     m: dict[str, float] = {}
     for env, ts in sorted(by_env.items()):

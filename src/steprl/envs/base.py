@@ -52,8 +52,11 @@ class Transition:
 class Env(Protocol):
     """One episode at a time. Methods may be sync or async (the loop awaits either)."""
 
-    #: Strings at which the engine must stop generating (e.g. a tool call's close tag).
-    stop_strings: Sequence[str]
+    @property
+    def stop_strings(self) -> Sequence[str]:
+        """Strings at which the engine must stop generating (e.g. a tool call's close tag).
+        A plain attribute satisfies this; remote envs may only know it after `reset`."""
+        ...
 
     def reset(self, task: Task, seed: int) -> Observation | Awaitable[Observation]: ...
 
@@ -64,6 +67,18 @@ class Env(Protocol):
 
 class ToolError(Exception):
     """Raised by a tool for a *model* error (bad arguments); shown to the model, never fatal."""
+
+
+class InfraError(Exception):
+    """An environment's infrastructure failed (server gone, worker died, protocol violated).
+
+    Any exception from an env ends the trajectory `infra_failed`; raise this one (or a subclass)
+    to say so explicitly. Its text goes to the trajectory's `info`, never into the model's context.
+    """
+
+
+class EnvTimeout(InfraError):
+    """An env call passed its deadline. The loop ends the trajectory `env_timeout` (not trained on)."""
 
 
 @runtime_checkable

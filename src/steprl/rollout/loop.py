@@ -12,11 +12,11 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from steprl.envs.base import Env, Transition, maybe_await
+from steprl.envs.base import Env, EnvTimeout, Transition, maybe_await
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
-from steprl.types import EndReason, Group, Step, Task, Trajectory
+from steprl.types import NOT_TRAINABLE, EndReason, Group, Step, Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ async def run_episode(
             if reason is not None:
                 end = reason
                 break
-    except Exception as exc:  # env/engine bug or outage: counted, excluded from the loss
-        end = EndReason.INFRA_FAILED
+    except Exception as exc:  # env/engine bug, outage or deadline: counted, excluded from the loss
+        end = EndReason.ENV_TIMEOUT if isinstance(exc, EnvTimeout) else EndReason.INFRA_FAILED
         info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
     try:
         await maybe_await(env.close())
@@ -97,7 +97,7 @@ async def run_episode(
         group_id=group_id,
         env=task.env,
         steps=tuple(steps),
-        outcome_reward=sum(s.reward for s in steps) if end is not EndReason.INFRA_FAILED else 0.0,
+        outcome_reward=sum(s.reward for s in steps) if end not in NOT_TRAINABLE else 0.0,
         end=end,
         info=info,
     )

@@ -17,6 +17,19 @@ from steprl.rollout.loop import RolloutSetup, rollout_groups
 from steprl.rollout.views import Sample
 from steprl.types import Group, Task, Trajectory
 
+#: (tasks, group_size, seed) -> one Group per task. In-process: `asyncio.run(rollout_groups(...))`;
+#: Ray: `RayRolloutPool.rollout_groups`. The trainer does not care which.
+RolloutFn = Callable[[Sequence[Task], int, int], list[Group]]
+
+
+def local_rollout(setup: RolloutSetup) -> RolloutFn:
+    """Run the agent loop in this process on one asyncio loop per call."""
+
+    def run(tasks: Sequence[Task], group_size: int, seed: int) -> list[Group]:
+        return asyncio.run(rollout_groups(tasks, group_size, setup, seed=seed))
+
+    return run
+
 
 @dataclass(frozen=True)
 class CollectedGroups:
@@ -30,27 +43,38 @@ def collect_groups(
     *,
     tasks_per_step: int,
     group_size: int,
-    setup: RolloutSetup,
+    rollout: RolloutFn,
     group_filter: Callable[..., torch.Tensor],
     regenerations: int,
     seed: int,
+    failure_budget: float = 1.0,
 ) -> CollectedGroups:
     """Roll out `tasks_per_step` groups, filter them, and (DAPO dynamic sampling) roll out more
     tasks up to `regenerations` times while fewer than `tasks_per_step` groups survive.
-    An empty result is possible: the trainer then skips the update and raises an alert metric."""
+
+    Failure budget (reliability §2.2): when more than `failure_budget` of a round's trajectories
+    are infra failures (`infra_failed` / `env_timeout`), none of that round's groups are kept: a
+    batch that is mostly a broken environment is not a sample of the policy. An empty result is
+    possible: the trainer then skips the update and raises an alert."""
     rollouts: list[Trajectory] = []
     kept: list[Group] = []
     groups_in = 0
     rounds = 0
+    over_budget = 0
     while True:
         batch = list(islice(tasks, tasks_per_step))
-        groups = asyncio.run(rollout_groups(batch, group_size, setup, seed=seed + 7919 * rounds))
-        rollouts += [t for g in groups for t in g.trajectories]
+        groups = rollout(batch, group_size, seed + 7919 * rounds)
+        round_trajs = [t for g in groups for t in g.trajectories]
+        rollouts += round_trajs
+        groups_in += len(groups)
+        failed = sum(not t.trainable for t in round_trajs)
+        if round_trajs and failed / len(round_trajs) > failure_budget:
+            over_budget += 1
+            groups = []
         trainable = [
             Group(g.task, tuple(t for t in g.trajectories if t.trainable and t.steps)) for g in groups
         ]
         trainable = [g for g in trainable if g.trajectories]
-        groups_in += len(groups)
         rewards = [torch.tensor([t.outcome_reward for t in g.trajectories]) for g in trainable]
         keep = group_filter(rewards).tolist() if rewards else []
         kept += [trainable[i] for i in sorted(keep)]
@@ -63,6 +87,8 @@ def collect_groups(
         "filter/groups_kept": float(len(kept)),
         "filter/regenerations": float(rounds - 1),
         "filter/skipped_step": float(not kept),
+        "infra/failed_frac": sum(not t.trainable for t in rollouts) / max(1, len(rollouts)),
+        "infra/over_budget_rounds": float(over_budget),
     })  # fmt: skip
 
 

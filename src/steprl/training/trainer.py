@@ -39,6 +39,8 @@ from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import packed_view, per_step_view
+from steprl.serving.backend import make_backend
+from steprl.serving.pool import EnvPool
 from steprl.training.advantage_batch import attach, build_advantage_inputs
 from steprl.training.checkpoint import save_checkpoint
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
@@ -47,6 +49,7 @@ from steprl.training.learner import Learner, Regularizers
 from steprl.training.policy import load_policy
 from steprl.training.step_parts import (
     collect_groups,
+    local_rollout,
     postprocess,
     shaped_rewards,
     trajectory_abs_advantage,
@@ -63,6 +66,16 @@ class TrainResult:
 
 
 def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
+    """Train per `cfg`. Environments live where `runtime.backend` says (in-process, behind an
+    HTTP env server, or in Ray actors); the env pool is closed however the run ends."""
+    envs = EnvPool(make_backend(cfg.env.name, cfg.env.params, cfg.runtime), cfg.runtime.max_concurrent_envs)
+    try:
+        return _train(cfg, envs, log)
+    finally:
+        envs.close()
+
+
+def _train(cfg: Config, envs: EnvPool, log: Callable[[str], None]) -> TrainResult:
     # ---- set-up: run dir, seeds, policy, env, engine, learner -------------------------------
     transformers.utils.logging.disable_progress_bar()
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
@@ -74,10 +87,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     policy = load_policy(cfg, log)
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
     env_spec = get_spec(cfg.env.name)
-
-    def make_env(task):
-        return env_spec.factory(**cfg.env.params)
-
+    log(f"environments: {envs.name} backend, at most {envs.max_concurrent} live instances")
     fmt = PlainFormat(policy.tokenizer)
     rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k)
     # append-only context: one packed sequence per trajectory; other rules: one row per step
@@ -144,7 +154,8 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     advantage_fn = functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params)
     group_filter = functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params)
     env_ids: dict[str, int] = {}
-    setup = RolloutSetup(make_env, engine, fmt, rule, sampling, budgets)
+    setup = RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets)
+    rollout = local_rollout(setup)
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     train_tasks = env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
     eval_tasks = list(
@@ -184,13 +195,21 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
                 train_tasks,
                 tasks_per_step=cfg.rollout.tasks_per_step,
                 group_size=cfg.rollout.group_size,
-                setup=setup,
+                rollout=rollout,
                 group_filter=group_filter,
                 regenerations=algo.filter_regenerations,
                 seed=cfg.run.seed * 1_000 + step,
+                failure_budget=cfg.runtime.failure_budget,
             )
             trajectories = collected.rollouts
             t_rollout = time.perf_counter() - t0
+            if collected.metrics["infra/over_budget_rounds"]:
+                log(
+                    f"ALERT step {step}: {collected.metrics['infra/failed_frac']:.0%} of trajectories "
+                    f"failed in the environment (runtime.failure_budget={cfg.runtime.failure_budget}); "
+                    "their groups are not trained on. See end/infra_failed, end/env_timeout and the "
+                    "trajectories' info['error']."
+                )
 
             # advantages over the kept, trainable trajectories: infra failures are counted, never learned
             trainable = [t for g in collected.kept for t in g.trajectories]

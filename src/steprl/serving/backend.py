@@ -1,0 +1,74 @@
+"""`EnvBackend`: where env instances live. One visible dict, `BACKENDS`, picks it by name.
+
+The agent loop only ever calls `backend.make_env(task)` and then the `Env` protocol
+(reset/step/close) on what it gets, so in-process, HTTP and Ray environments are
+interchangeable; the conformance suite (tests/serving/test_conformance.py) runs the same tests
+against all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from steprl.envs.base import Env
+from steprl.envs.registry import get_spec
+from steprl.types import Task
+
+
+class EnvBackend(Protocol):
+    """Makes one fresh env instance per episode; `close` releases what the backend holds."""
+
+    name: str
+
+    def make_env(self, task: Task) -> Env: ...
+
+    def close(self) -> None: ...
+
+
+class InProcessBackend:
+    """Env instances built by the registered factory, in this process."""
+
+    name = "inprocess"
+
+    def __init__(self, env: str, params: Mapping[str, Any]) -> None:
+        self._factory = get_spec(env).factory
+        self._params = dict(params)
+
+    def make_env(self, task: Task) -> Env:
+        return self._factory(**self._params)
+
+    def close(self) -> None:
+        pass
+
+
+def _http(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+    from steprl.serving.client import HttpEnvBackend
+
+    return HttpEnvBackend.from_runtime(env, params, runtime)
+
+
+def _ray(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+    from steprl.serving.ray_backend import RayEnvBackend
+
+    return RayEnvBackend.from_runtime(env, params, runtime)
+
+
+#: runtime.backend -> (env name, env params, the config's RuntimeSection) -> EnvBackend.
+#: HTTP and Ray are imported only when picked (ray is heavy to import).
+BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any], EnvBackend]] = {
+    "inprocess": lambda env, params, runtime: InProcessBackend(env, params),
+    "http": _http,
+    "ray": _ray,
+}
+
+
+def make_backend(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+    """The backend named by `runtime.backend` (a `steprl.config.RuntimeSection`)."""
+    try:
+        build = BACKENDS[runtime.backend]
+    except KeyError:
+        raise ValueError(
+            f"runtime.backend: unknown name {runtime.backend!r}; allowed values: {sorted(BACKENDS)}"
+        ) from None
+    return build(env, params, runtime)
