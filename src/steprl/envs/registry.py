@@ -36,7 +36,7 @@ class UnknownEnvError(KeyError):
 
 def _builtin_specs() -> dict[str, EnvSpec]:
     """The one explicit list of built-in environments."""
-    from steprl.envs.library import apps, calculator, code_interpreter, puzzles, search
+    from steprl.envs.library import apps, calculator, code_interpreter, echo, puzzles, search
 
     return {
         "calculator": EnvSpec(
@@ -51,6 +51,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         "apps": apps.SPEC,
         **puzzles.SPECS,  # frozenlake, sokoban, bandit
         "search": search.SPEC,
+        "echo": echo.SPEC,  # trivial: transport benchmarks and the backend conformance suite
     }
 
 
