@@ -392,9 +392,10 @@ def test_api_docs_lists_each_app():
     assert "api_docs" in env.system_prompt and "contacts_search(" not in env.system_prompt
 
 
-def test_executor_hook():
-    with pytest.raises(NotImplementedError, match="sandbox"):
-        AppsEnv(executor="python")
+def test_executor_choice():
+    # The python executor is tested in test_apps_python.py; building it starts no sandbox.
+    env = AppsEnv(executor="python")
+    assert env.executor == "python" and "```output" in env.stop_strings and "apis." in env.system_prompt
     with pytest.raises(ValueError, match="executor"):
         AppsEnv(executor="bash")  # type: ignore[arg-type]
 

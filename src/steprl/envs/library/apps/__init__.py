@@ -3,16 +3,32 @@
 Layout: `world` (seeded data) -> `db` (golden database per world, one private copy per
 episode, `state_hash`) -> `api` (the functions, `api_docs`) -> `checks` (unit tests over the
 final state) -> `templates` (task templates with the expert's plans) -> `tasks` (the task
-stream) -> `env` (`AppsEnv`) -> `policies` (expert, partial, careless, random).
+stream) -> `code_actions` (the python executor: snippets in the sandbox, API calls forwarded
+to the host) -> `env` (`AppsEnv`) -> `policies` (expert, partial, careless, random, and the
+python executor's expert_python, random_python).
 
-`SPEC` describes the env for the registry (it is not registered here).
+`SPEC` describes the env for the registry (it is not registered here); `PYTHON_SPEC` is the
+same env with ``executor="python"`` and the python strategies (for `check_spec`; unregistered,
+since ``env.params.executor`` selects the executor of the registered "apps").
 """
+
+import dataclasses
+import functools
 
 from steprl.envs.library.apps.api import APPS, FUNCTIONS, MUTATING, Apps, api_docs_text
 from steprl.envs.library.apps.checks import Change, Report, UnitResult, run_tests
 from steprl.envs.library.apps.db import baseline_hash, episode_db, golden, snapshot, state_hash
 from steprl.envs.library.apps.env import AppsEnv, system_prompt
-from steprl.envs.library.apps.policies import STRATEGIES, careless, expert, partial, random_policy
+from steprl.envs.library.apps.policies import (
+    PYTHON_STRATEGIES,
+    STRATEGIES,
+    careless,
+    expert,
+    expert_python,
+    partial,
+    random_policy,
+    random_python,
+)
 from steprl.envs.library.apps.tasks import ENV_NAME, make_tasks, split_of
 from steprl.envs.library.apps.templates import TEMPLATES, Template
 from steprl.envs.library.apps.world import World, build_world
@@ -27,11 +43,19 @@ SPEC = EnvSpec(
     description="AppWorld-like contacts/email/calendar apps over SQLite, scored by unit tests on the "
     "final state",
 )
+PYTHON_SPEC = dataclasses.replace(
+    SPEC,
+    factory=functools.partial(AppsEnv, executor="python"),
+    strategies=PYTHON_STRATEGIES,
+    description=SPEC.description + "; python executor (sandboxed code actions)",
+)
 
 __all__ = [
     "APPS",
     "FUNCTIONS",
     "MUTATING",
+    "PYTHON_SPEC",
+    "PYTHON_STRATEGIES",
     "SPEC",
     "STRATEGIES",
     "TEMPLATES",
@@ -48,10 +72,12 @@ __all__ = [
     "careless",
     "episode_db",
     "expert",
+    "expert_python",
     "golden",
     "make_tasks",
     "partial",
     "random_policy",
+    "random_python",
     "run_tests",
     "snapshot",
     "split_of",

@@ -6,8 +6,9 @@ whether it changes state). Every function validates its arguments itself and rai
 SQLite as an error: a `sqlite3` exception here is an env bug and propagates as infrastructure.
 
 `Apps.call(name, arguments)` is the one entry point every executor uses: `ToolEnv` calls it for
-JSON function calls, and a Python executor (code run in `steprl.envs.sandbox`) would forward
-each API call made by the snippet to it over the sandbox's channel. Results are compact JSON.
+JSON function calls, and the python executor (`code_actions.py`: snippets run in
+`steprl.envs.sandbox`) forwards each API call a snippet makes to it over the sandbox session's
+RPC channel. Results are compact JSON.
 """
 
 from __future__ import annotations

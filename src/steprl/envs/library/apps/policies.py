@@ -1,4 +1,4 @@
-"""Scripted apps policies: `expert`, `partial`, `careless`, `random` (see `STRATEGIES`).
+"""Scripted apps policies: `expert`, `partial`, `careless`, `random`, `expert_python` (`STRATEGIES`).
 
 * expert: runs the template's plan (the minimal calls), reading every result back from the
   observations, then answers ("done", or the answer to a question);
@@ -11,18 +11,27 @@
 
 Actions are canonical strings: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
 (`json.dumps` with its default separators) and ``<answer>...</answer>``.
+
+For the python executor (``AppsEnv(executor="python")``), `expert_python` makes the expert's
+calls as snippets, one per turn: ``print(apis.contacts_search(query='Alice'))`` in a fenced
+block ending at the output marker, reading each result back from the printed output (it
+answers "done" when an observation is not a result, e.g. under the JSON executor);
+`random_python` sends junk, broken and random snippets and answers. `PYTHON_STRATEGIES` is the
+strategy set of that executor (`PYTHON_SPEC` in the package).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from steprl.envs.library.apps.api import FUNCTIONS, MUTATING
 from steprl.envs.library.apps.templates import TEMPLATES, Call, Plan
+from steprl.envs.library.code_interpreter.protocol import OUTPUT_MARKER
 from steprl.envs.policy import Policy
 from steprl.types import Task
 
@@ -53,8 +62,10 @@ def _plan(task: Task) -> Plan:
     return TEMPLATES[task.params["template"]].plan(task.params["args"])
 
 
-def follow(task: Task, history: Sequence[tuple[str, str]]) -> tuple[list[Call], Call | str]:
-    """Replay the expert's plan on the first observations of `history`.
+def follow(
+    task: Task, history: Sequence[tuple[str, str]], parse: Callable[[str], Any] = parse_result
+) -> tuple[list[Call], Call | str]:
+    """Replay the expert's plan on the first observations of `history` (read with `parse`).
 
     Returns the calls already made (as many as the plan consumed) and what comes next: the
     next call, or the final answer text once the plan is over.
@@ -65,7 +76,7 @@ def follow(task: Task, history: Sequence[tuple[str, str]]) -> tuple[list[Call], 
         step = next(plan)
         for _, observation in history:
             made.append(step)
-            step = plan.send(parse_result(observation))
+            step = plan.send(parse(observation))
     except StopIteration as stop:
         return made, str(stop.value)
     return made, step
@@ -141,9 +152,78 @@ def random_policy(task: Task, history: Sequence[tuple[str, str]], rng: random.Ra
     return rng.choice(options)()
 
 
+# --- the python executor -------------------------------------------------------------------------
+
+_NO_RESULT = object()
+
+
+def render_code(code: str) -> str:
+    """A code action: `code` in a fenced python block, ending at the output marker."""
+    return f"```python\n{code}\n```\n{OUTPUT_MARKER}"
+
+
+def render_python_call(call: Call) -> str:
+    """The snippet that makes `call` and prints its result, e.g. ``print(apis.x(id=3))``."""
+    name, arguments = call
+    return render_code(f"print(apis.{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())}))")
+
+
+def parse_output(observation: str) -> Any:
+    """The printed result of a snippet (a Python literal); `_NO_RESULT` for anything else: no
+    output block, an error line, a cut output."""
+    text = observation.strip()
+    if not text.endswith("```"):
+        return _NO_RESULT
+    try:
+        return ast.literal_eval(text.removesuffix("```").strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NO_RESULT
+
+
+def expert_python(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+    """The expert's calls as python snippets (one per turn), then its answer."""
+    if any(parse_output(observation) is _NO_RESULT for _, observation in history):
+        return render_answer("done")  # not our executor, or a call failed: stop here
+    _, step = follow(task, history, parse_output)
+    return render_answer(step) if isinstance(step, str) else render_python_call(step)
+
+
+_SNIPPETS = (
+    "print(1 +)",
+    "print(undefined_name)",
+    "import os\nprint(sorted(os.listdir('/')))",
+    "print(apis.nope())",
+    "print(call('contacts_get'))",
+    "print(apis)",
+    "x = [apis.contacts_get(id=i) for i in range(1, 3)]\nprint(len(x))",
+    "raise SystemExit(3)",
+    "print('x' * 5000)",
+)
+
+
+def random_python(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+    """Junk, broken snippets, random API calls (valid or not) and random answers."""
+    kind = rng.randrange(7)
+    if kind == 0:
+        return "".join(rng.choice(_JUNK) for _ in range(rng.randint(0, 24)))
+    if kind == 1:
+        return f"```python\nprint(1)\n{OUTPUT_MARKER}"  # no closed block
+    if kind == 2:
+        return render_code(rng.choice(_SNIPPETS))
+    if kind == 3:
+        return render_answer(rng.choice(("done", "42")))
+    f = rng.choice(FUNCTIONS)
+    arguments = {k: _value(t, rng) for k, t in f.required.items()}
+    arguments.update({k: _value(t, rng) for k, t in f.optional.items() if rng.random() < 0.3})
+    return render_python_call((f.name, arguments))
+
+
 STRATEGIES: Mapping[str, Policy] = {
     "expert": expert,
     "partial": partial,
     "careless": careless,
     "random": random_policy,
+    "expert_python": expert_python,
 }
+#: The strategies of the python executor (its "expert" writes code).
+PYTHON_STRATEGIES: Mapping[str, Policy] = {"expert": expert_python, "random": random_python}

@@ -9,11 +9,18 @@ pull; the episode ends after `pulls` valid pulls (default 1: single-turn).
 Outcome per pull, chosen by the env's `reward` (each scaled by 1/pulls, so a return is in
 [0, 1]):
 
-* ``"best"`` (default): 1 for pulling a best arm, 0 otherwise. Noise-free, and the expert
+* ``"best"`` (the default): 1 for pulling a best arm, 0 otherwise. Noise-free, and the expert
   scores exactly 1, which `check_env` requires.
 * ``"sampled"``: the payout, 1 with the arm's probability, drawn from `random.Random(seed)`
-  made at reset (RAGEN's stochastic reward; the expert's success rate is then about p_best).
+  made at reset (the expert's success rate is then about p_best).
 * ``"expected"``: the arm's probability (the payout's mean).
+
+The default is this project's choice, not RAGEN's: RAGEN's bandit rewards the chosen arm's
+payoff, drawn at random (its two-armed bandit pays a safe arm a fixed amount and a risky arm a
+high amount with some probability), which ``reward="sampled"`` follows with Bernoulli payouts.
+"best" was chosen so the expert is exactly solvable and a tiny model's learning signal is
+noise-free; pass ``reward="sampled"`` (config: ``env.params.reward: sampled``) for RAGEN's
+reward. `configs/bandit_tiny.yaml` sets ``reward: best`` explicitly.
 
 Whatever the mode, a pull's observation (multi-pull episodes) shows the sampled payout,
 e.g. ``fern: 1``, so exploration is possible with hidden probabilities. The expert knows the
@@ -63,7 +70,9 @@ class BanditEnv(PuzzleEnv):
     """The bandit as an `Env` (see the module docstring); the arms come from `Task.params`.
 
     Args:
-        reward: "best" | "sampled" | "expected" (see the module docstring).
+        reward: "best" (default; 1 for a best arm: this project's choice) | "sampled" (the
+            payout drawn with the arm's probability, as RAGEN rewards the chosen arm's payoff) |
+            "expected" (the arm's probability); see the module docstring.
         max_invalid_actions, format_penalty: see `PuzzleEnv`.
     """
 

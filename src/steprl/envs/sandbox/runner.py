@@ -1,0 +1,297 @@
+"""Process control: the confinement command line, spawning, killing and reaping, the uid pool.
+
+`_Runner.argv` builds `setpriv > prlimit > unshare > bwrap > python3 -I` (see the package
+docstring); `_kill` takes down a whole sandbox and reaps it; `_run_unconfined` is the dev-only
+fallback used when the operator explicitly allows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import select
+import shutil
+import signal as _signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from steprl.envs.sandbox.capture import _Capture, _Outbox, _pump, _result
+from steprl.envs.sandbox.limits import _FIX_UTIL, ErrorKind, ExecResult, SandboxLimits, SandboxUnavailable
+
+_INNER_ID = 1000  # uid/gid the code sees inside its user namespace (not 65534, the overflow id)
+_HELPER_PROCS = 2  # bwrap's outer monitor and the namespace's init count against RLIMIT_NPROC
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _kill(proc: subprocess.Popen[bytes], depth: int) -> None:
+    """Kill the whole sandbox and reap it, leaving no zombie behind, not even with the host's PID 1.
+
+    Process tree: our child `unshare` > bwrap, PID 1 of namespace A > bwrap's init, PID 1 of
+    namespace B > the code. SIGKILL to B's init makes the kernel kill everything in B (setsid and
+    double-fork escapes included); bwrap reaps it and exits (128+9), which ends A; unshare reaps
+    bwrap; we reap unshare. A exists for the normal exit: bwrap returns as soon as the code's
+    exit status is known, while B's init may still be reaping, and as PID 1 of A its exit reaps
+    that init instead of orphaning it to the host's PID 1. `depth`: 2 for that chain; 1 when
+    not root (no `unshare`: our child is bwrap itself).
+    """
+    target: list[int] = []
+    for _ in range(40):
+        if proc.poll() is not None:
+            return
+        target = [proc.pid]
+        for _level in range(depth):
+            target = _children(target[0]) if target else []
+        if target:
+            break
+        time.sleep(0.005)  # not forked yet
+    for pid in target or _children(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, _signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=2)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # last resort: pdeathsig takes the rest
+            os.killpg(proc.pid, _signal.SIGKILL)
+        proc.wait()
+
+
+def _depth(uid: int | None) -> int:
+    return 1 if uid is None else 2
+
+
+def _await_start(fd: int, timeout: float) -> bool:
+    """Whether bwrap reported (on `--json-status-fd`) that it started the code.
+
+    The code cannot forge this: the status fd is not inherited into the sandbox.
+    """
+    buf, deadline = b"", time.monotonic() + timeout
+    while b"\n" not in buf and (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return b'"child-pid"' in buf
+
+
+def _classify(rc: int, stderr: str, outcome: str, started: bool) -> tuple[ErrorKind, int | None, int | None]:
+    """(kind, exit_code, signal) from bwrap's return code (128+n means "killed by signal n")."""
+    code, sig = (None, -rc) if rc < 0 else ((None, rc - 128) if rc > 128 else (rc, None))
+    tail = stderr[-2000:]
+    if outcome in ("deadline", "overflow"):  # we SIGKILLed it
+        kind = ErrorKind.TIMEOUT if outcome == "deadline" else ErrorKind.OUTPUT_LIMIT
+        return kind, None, int(_signal.SIGKILL)
+    if not started:
+        return ErrorKind.SANDBOX_ERROR, code, sig
+    if code and ("MemoryError" in tail or "[Errno 12] Cannot allocate memory" in tail):
+        return ErrorKind.OOM, code, sig
+    return (ErrorKind.KILLED if sig else ErrorKind.OK), code, sig
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _popen_from_spawner(argv: list[str], kw: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Popen from one thread that lives as long as the process. `--die-with-parent` is
+    PR_SET_PDEATHSIG, which fires when the spawning *thread* exits (an idle pool worker, say):
+    a long-lived session must not be tied to the thread that happened to create it."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steprl-sandbox-spawn")
+    return _SPAWNER.submit(lambda: subprocess.Popen(argv, **kw)).result()
+
+
+def _which(tool: str) -> str:
+    return shutil.which(tool) or tool
+
+
+_BWRAP_FLAGS = (
+    "--unshare-user --unshare-pid --unshare-net --unshare-ipc --unshare-uts --unshare-cgroup-try "
+    f"--disable-userns --die-with-parent --new-session --cap-drop ALL --uid {_INNER_ID} --gid {_INNER_ID} "
+    "--hostname sandbox --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /tmp --setenv LANG C.UTF-8 "
+    "--proc /proc --dev /dev"
+).split()
+
+
+class _Runner:
+    """Builds the confinement command line, owns the uid pool, runs one process to its end."""
+
+    def __init__(self, bwrap: str | None, python: str, per_run_uid: bool,
+                 uid_range: tuple[int, int] = (200_000, 265_535)) -> None:  # fmt: skip
+        lo, hi = uid_range
+        if lo <= 0 or hi < lo:
+            raise ValueError(
+                f"uid_range {uid_range} must hold only non-root uids (0 < lo <= hi), e.g. "
+                "(200000, 265535): RLIMIT_NPROC does not bind uid 0"
+            )
+        self.bwrap, self.python, self.per_run_uid, self.uid_range = bwrap, python, per_run_uid, uid_range
+        self._in_use: set[int] = set()
+        self._next = random.randint(lo, hi)  # random start: fewer clashes between processes
+        self._uid_cv = threading.Condition()
+        self._binds = ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):  # merged /usr: keep the symlink, bind nothing new
+                self._binds += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                self._binds += ["--ro-bind", top, top]
+
+    def take_uid(self) -> int | None:
+        """A free outside uid (blocks while all are in use); None when runs cannot drop uid."""
+        if not self.per_run_uid:
+            return None
+        lo, hi = self.uid_range
+        with self._uid_cv:
+            while len(self._in_use) > hi - lo:
+                self._uid_cv.wait()
+            while self._next in self._in_use:  # round robin: a freed uid is reused last
+                self._next = lo if self._next >= hi else self._next + 1
+            uid = self._next
+            self._next = lo if uid >= hi else uid + 1
+            self._in_use.add(uid)
+            return uid
+
+    def give_uid(self, uid: int | None) -> None:
+        if uid is not None:
+            with self._uid_cv:
+                self._in_use.discard(uid)
+                self._uid_cv.notify()
+
+    def argv(self, limits: SandboxLimits, uid: int | None, code_fd: int, status_fd: int) -> list[str]:
+        """[setpriv --pdeathsig] > prlimit > [unshare --pid --setuid] > bwrap > python3 -I main.py.
+
+        Each helper execs the next. As root, the outer bwrap runs as PID 1 of its own PID
+        namespace (see `_kill`) under the run's uid; otherwise bwrap runs as this user.
+        """
+        assert self.bwrap is not None
+        cpu = math.ceil(limits.cpu_s)
+        head = [_which("prlimit"), f"--cpu={cpu}:{cpu + 1}", f"--as={limits.address_space_bytes}",
+                f"--fsize={limits.file_size_bytes}", f"--nofile={limits.open_files}", "--core=0"]  # fmt: skip
+        if uid is not None:  # NPROC only with a per-run uid: a shared uid counts the harness's processes
+            head = [_which("setpriv"), "--pdeathsig=KILL", "--", *head,
+                    f"--nproc={limits.max_processes + _HELPER_PROCS}", "--", _which("unshare"), "--pid",
+                    "--fork", "--kill-child", "--setuid", str(uid), "--setgid", str(uid)]  # fmt: skip
+        box = (f"--size {limits.tmpfs_bytes} --tmpfs /tmp --chdir /tmp --ro-bind-data {code_fd} "
+               f"/sandbox/main.py --remount-ro / --json-status-fd {status_fd}").split()  # fmt: skip
+        return [
+            *head,
+            "--",
+            self.bwrap,
+            *_BWRAP_FLAGS,
+            *self._binds,
+            *box,
+            self.python,
+            "-I",
+            "/sandbox/main.py",
+        ]
+
+    def spawn(
+        self, code: str, limits: SandboxLimits, uid: int | None, *, stdin: bool, session: bool = False
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """Start a sandbox running `code`; returns the process and the read end of its status pipe."""
+        if uid is None and os.geteuid() == 0:
+            raise SandboxUnavailable(
+                "refusing to run sandboxed code as root without a per-run uid drop: "
+                f"RLIMIT_NPROC would not bind a fork bomb; {_FIX_UTIL}"
+            )
+        code_fd = os.memfd_create("steprl-code")  # no argv size limit, nothing on the host disk
+        status_r, status_w = os.pipe()
+        try:
+            os.write(code_fd, code.encode("utf-8", "surrogatepass"))
+            os.lseek(code_fd, 0, os.SEEK_SET)
+            kw: dict[str, Any] = dict(stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                                      pass_fds=(code_fd, status_w), start_new_session=True)  # fmt: skip
+            argv = self.argv(limits, uid, code_fd, status_w)
+            proc = _popen_from_spawner(argv, kw) if session else subprocess.Popen(argv, **kw)
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(code_fd)
+            os.close(status_w)
+        return proc, status_r
+
+    def execute(self, code: str, stdin: str, limits: SandboxLimits, uid: int | None) -> ExecResult:
+        """One confined run, from spawn to reaped end. Releases `uid` when done."""
+        out, err, status = _Capture(limits.output_bytes), _Capture(limits.output_bytes), _Capture(4096)
+        over = lambda: out.truncated or err.truncated  # noqa: E731
+        t0 = time.monotonic()
+        proc: subprocess.Popen[bytes] | None = None
+        status_fd, outcome = -1, "eof"
+        try:
+            proc, status_fd = self.spawn(code, limits, uid, stdin=bool(stdin))
+            assert proc.stdout is not None and proc.stderr is not None
+            streams = {proc.stdout.fileno(): out.feed, proc.stderr.fileno(): err.feed, status_fd: status.feed}
+            write = _Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close) if proc.stdin else None
+            outcome = _pump(streams, t0 + limits.wall_s, write=write, stop=over)
+            outcome = "overflow" if outcome == "stop" else outcome
+            if outcome == "eof":  # all pipes closed, yet the code may still run (it closed them)
+                try:
+                    proc.wait(timeout=max(0.0, t0 + limits.wall_s - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    outcome = "deadline"
+            if outcome != "eof":
+                _kill(proc, _depth(uid))
+                _pump(streams, time.monotonic() + 0.5, stop=over)  # what the pipes still hold
+            proc.wait()
+        except OSError as exc:
+            err.feed(f"sandbox failed to start: {exc}".encode())
+            outcome = "spawn_error"
+            if proc is not None:
+                _kill(proc, _depth(uid))
+        finally:
+            self.give_uid(uid)
+            for f in (proc.stdin, proc.stdout, proc.stderr) if proc else ():
+                if f is not None and not f.closed:
+                    f.close()
+            if status_fd >= 0:
+                os.close(status_fd)
+        rc = proc.returncode if proc is not None else 1
+        started = b'"child-pid"' in bytes(status.head)
+        kind, exit_code, sig = _classify(rc, err.text(), outcome, started)
+        return _result(out, err, kind, exit_code, sig, t0, uid, timed_out=outcome == "deadline")
+
+
+def _run_unconfined(python: str, code: str, stdin: str, limits: SandboxLimits) -> ExecResult:
+    """Dev-only fallback: rlimits (when prlimit exists), a new session, a temp cwd, the deadline."""
+    out, err = _Capture(limits.output_bytes), _Capture(limits.output_bytes)
+    prlimit = shutil.which("prlimit")
+    cmd = [prlimit, f"--cpu={math.ceil(limits.cpu_s)}", f"--as={limits.address_space_bytes}",
+           f"--fsize={limits.file_size_bytes}", "--"] if prlimit else []  # fmt: skip
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="steprl-unconfined-") as cwd:
+        proc = subprocess.Popen([*cmd, python, "-I", "-c", code], cwd=cwd, env={"PATH": "/usr/bin:/bin"},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)  # fmt: skip
+        assert proc.stdin and proc.stdout and proc.stderr
+        streams = {proc.stdout.fileno(): out.feed, proc.stderr.fileno(): err.feed}
+        write = _Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close)
+        outcome = _pump(streams, t0 + limits.wall_s, write=write, stop=lambda: out.truncated or err.truncated)
+        outcome = "overflow" if outcome == "stop" else outcome
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, t0 + limits.wall_s - time.monotonic()))
+        if proc.poll() is None:
+            outcome = "overflow" if outcome == "overflow" else "deadline"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, _signal.SIGKILL)  # setsid descendants survive this: unconfined
+        proc.wait()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            f.close()
+    kind, exit_code, sig = _classify(proc.returncode, err.text(), outcome, True)
+    return _result(out, err, kind, exit_code, sig, t0, None, timed_out=outcome == "deadline")
