@@ -1,4 +1,4 @@
-"""The `steprl` command line: train, sft, eval, check-env."""
+"""The `steprl` command line: train, sft, eval, check-env, serve-env."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from steprl.config import ConfigError, load_config
+from steprl.serving.command import serve_env
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="steprl: agentic RL for tool-using LMs.")
 console = Console()
@@ -96,6 +97,11 @@ def check_env_cmd(name: str = typer.Argument(..., help="A registered environment
         console.print(f"[red]check-env {name}: {err}[/red]")
         raise typer.Exit(1) from None
     console.print(f"[green]{name}: ok[/green] {report}")
+
+
+# `steprl serve-env`: the env server. Defined in steprl.serving.command so that LocalEnvServer can
+# start it as `python -m steprl.serving` without importing torch.
+app.command("serve-env")(serve_env)
 
 
 def main() -> None:  # pragma: no cover

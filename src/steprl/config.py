@@ -191,6 +191,8 @@ class RuntimeSection(_Section):
     backend: Literal["inprocess", "http", "ray"] = "inprocess"
     env_server_url: str | None = None  # http: e.g. http://127.0.0.1:8765 (token from env_token_var)
     env_token_var: str = "STEPRL_ENV_TOKEN"  # environment variable that holds the server's token
+    # http, server started by the trainer: modules it imports first (they register your envs)
+    env_server_plugins: list[str] = []
     env_workers: int = Field(2, gt=0)  # ray: env worker actors
     rollout_workers: int = Field(0, ge=0)  # ray: rollout worker actors (0 = in the trainer)
     max_concurrent_envs: int = Field(256, gt=0)  # EnvPool: live env instances at once

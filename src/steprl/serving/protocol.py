@@ -1,0 +1,178 @@
+"""The env server's wire format: pydantic models shared by the server and `RemoteEnv`.
+
+One JSON body per route (``extra="forbid"``, strict types, so a typo or a wrong type is a 422,
+never a silently ignored field)::
+
+    POST   /v1/envs             {env, params}  -> {instance_id, stop_strings, system_prompt}
+    POST   /v1/envs/{id}/reset  {task, seed}   -> {text, info}
+    POST   /v1/envs/{id}/step   {action, seq}  -> {observation, reward, terminated, truncated, info}
+    DELETE /v1/envs/{id}                       -> {closed: true}
+    any error                                  -> {"error": {"type", "message"}}
+
+`seq` is the step's idempotency key: 1 for the first step after a reset, then +1 per step. The
+server applies a step once; a repeat of the last `seq` returns the cached answer (reliability
+ENV-04). Env `info` mappings pass through `json_safe` on the server, so whatever an env puts
+there (tuples, sets, enums, NaN, numpy scalars) reaches the client as plain JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from steprl.envs.base import Observation, Transition
+from steprl.types import Task
+
+_MAX_DEPTH = 32  # deeper info structures are cut (an env bug, not worth a failed episode)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class CreateRequest(_Wire):
+    env: str = Field(min_length=1, max_length=200)  # a registered env name
+    params: dict[str, Any] = Field(default_factory=dict)  # the env factory's keyword arguments
+
+
+class CreateResponse(_Wire):
+    instance_id: str
+    stop_strings: list[str]
+    system_prompt: str
+
+
+class TaskMsg(_Wire):
+    """`steprl.types.Task` on the wire (all of its fields)."""
+
+    id: str
+    prompt: str
+    env: str
+    seed: int = 0
+    answer: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResetRequest(_Wire):
+    task: TaskMsg
+    seed: int
+
+
+class ObservationMsg(_Wire):
+    text: str
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class StepRequest(_Wire):
+    action: str
+    seq: int = Field(ge=1)  # idempotency key: 1 for the first step after a reset
+
+
+class TransitionMsg(_Wire):
+    observation: str
+    reward: float = Field(allow_inf_nan=False)
+    terminated: bool
+    truncated: bool = False
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClosedResponse(_Wire):
+    closed: bool = True
+
+
+class ErrorBody(_Wire):
+    type: str  # machine-readable: "not_found", "episode_over", "env_error", ...
+    message: str  # for humans: what happened and how to fix it; never a traceback
+
+
+class ErrorEnvelope(_Wire):
+    error: ErrorBody
+
+
+def json_safe(value: Any, _depth: int = 0) -> Any:
+    """`value` as plain JSON types: mappings -> dicts with str keys, sequences and sets -> lists,
+    enums -> their value, non-finite floats -> "nan" / "inf" / "-inf" (JSON has no NaN),
+    bytes -> text, numpy/torch scalars -> Python numbers, anything else -> its `repr`."""
+    if _depth > _MAX_DEPTH:
+        return "<too deep>"
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return json_safe(value.value, _depth + 1)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, _depth + 1) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((json_safe(v, _depth + 1) for v in value), key=repr)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_safe(getattr(value, f.name), _depth + 1) for f in dataclasses.fields(value)}
+    item = getattr(value, "item", None)
+    if callable(item):  # numpy / torch scalars
+        try:
+            return json_safe(item(), _depth + 1)
+        except (TypeError, ValueError):
+            pass
+    return repr(value)
+
+
+def task_to_wire(task: Task) -> TaskMsg:
+    return TaskMsg(
+        id=task.id,
+        prompt=task.prompt,
+        env=task.env,
+        seed=task.seed,
+        answer=task.answer,
+        params=json_safe(dict(task.params)),
+    )
+
+
+def task_from_wire(msg: TaskMsg) -> Task:
+    return Task(
+        id=msg.id, prompt=msg.prompt, env=msg.env, seed=msg.seed, answer=msg.answer, params=msg.params
+    )
+
+
+def observation_to_wire(obs: object) -> ObservationMsg:
+    """The env's reset result on the wire; a wrong type is the env's bug (TypeError)."""
+    if not isinstance(obs, Observation) or not isinstance(obs.text, str):
+        raise TypeError(f"reset() must return Observation(text: str, info), got {type(obs).__name__}")
+    return ObservationMsg(text=obs.text, info=json_safe(dict(obs.info)))
+
+
+def observation_from_wire(msg: ObservationMsg) -> Observation:
+    return Observation(text=msg.text, info=msg.info)
+
+
+def transition_to_wire(t: object) -> TransitionMsg:
+    """The env's step result on the wire; a wrong type or a non-finite reward is the env's bug."""
+    if not isinstance(t, Transition) or not isinstance(t.observation, str):
+        raise TypeError(f"step() must return Transition(observation: str, ...), got {type(t).__name__}")
+    reward = float(t.reward)
+    if not math.isfinite(reward):
+        raise ValueError(f"step() returned a non-finite reward ({reward}); rewards must be finite numbers")
+    return TransitionMsg(
+        observation=t.observation,
+        reward=reward,
+        terminated=bool(t.terminated),
+        truncated=bool(t.truncated),
+        info=json_safe(dict(t.info)),
+    )
+
+
+def transition_from_wire(msg: TransitionMsg) -> Transition:
+    return Transition(
+        observation=msg.observation,
+        reward=msg.reward,
+        terminated=msg.terminated,
+        truncated=msg.truncated,
+        info=msg.info,
+    )
