@@ -11,7 +11,7 @@ import torch
 
 from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine, sample_from_logits
+from steprl.rollout.engines.hf import HFEngine, request_uniforms, sample_from_logits
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.training.batching import collate, token_logprobs
 
@@ -45,7 +45,7 @@ def test_top_p_restricts_sampling_but_logprob_is_untruncated():
     g = torch.Generator().manual_seed(0)
     seen = set()
     for _ in range(200):
-        tok, lp = sample_from_logits(logits, 1.0, 0.5, g)
+        tok, lp = sample_from_logits(logits, 1.0, 0.5, torch.rand(1, generator=g, dtype=torch.float64))
         seen.add(int(tok))
         assert torch.allclose(lp, torch.log_softmax(logits, -1)[0, tok])
     assert seen == {0}  # p(top token) = 0.64 >= 0.5: only it survives
@@ -76,3 +76,49 @@ def test_multi_token_stop_sequences(tokenizer, small_model):
     assert cut.finish_reason == "stop"
     assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and cut.token_ids[-2:] == stop
     assert len(cut.token_ids) <= 3
+
+
+def test_inverse_cdf_sampling_matches_the_distribution():
+    logits = torch.tensor([[1.0, 0.0, -1.0, 2.0]]).repeat(20_000, 1)
+    u = torch.rand(20_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    tok, _ = sample_from_logits(logits, 1.0, 1.0, u)
+    freq = torch.bincount(tok, minlength=4).double() / 20_000
+    assert torch.allclose(freq, torch.softmax(logits[0].double(), -1), atol=0.01)
+    # u -> 0 gives the first token with mass, u -> 1 the last one
+    edge, _ = sample_from_logits(logits[:2], 1.0, 1.0, torch.tensor([0.0, 1.0 - 2**-53], dtype=torch.float64))
+    assert edge.tolist() == [0, 3]
+
+
+def test_request_uniforms_are_a_pure_function_of_seeds_and_index():
+    a = request_uniforms(7, [1, 2, 3], 0)
+    assert torch.equal(a, request_uniforms(7, [1, 2, 3], 0))
+    assert torch.equal(a[[2, 0]], request_uniforms(7, [3, 1], 0))  # order and company do not matter
+    assert not torch.equal(a, request_uniforms(7, [1, 2, 3], 1))
+    assert not torch.equal(a, request_uniforms(8, [1, 2, 3], 0))
+    many = request_uniforms(0, list(range(10_000)), 5)
+    assert float(many.min()) >= 0.0 and float(many.max()) < 1.0
+    assert abs(float(many.mean()) - 0.5) < 0.01
+
+
+def test_seeded_requests_do_not_depend_on_batch_company(tokenizer, small_model):
+    """The same (engine seed, request seed) gives the same tokens alone or batched with others."""
+    sp = SamplingParams(max_new_tokens=12)
+    prompts = [[tokenizer.bos_token_id] + [20 + i] * (3 + 2 * i) for i in range(6)]
+
+    def run(indices):
+        engine = HFEngine(
+            small_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=3
+        )
+
+        async def go():
+            return await asyncio.gather(*[engine.generate(prompts[i], sp, seed=100 + i) for i in indices])
+
+        return dict(zip(indices, asyncio.run(go()), strict=True))
+
+    together = run(list(range(6)))
+    for i in range(6):
+        alone = run([i])[i]
+        assert alone.token_ids == together[i].token_ids
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, together[i].logprobs, strict=True)) < 1e-5
+    reordered = run([5, 3, 1])
+    assert all(reordered[i].token_ids == together[i].token_ids for i in (5, 3, 1))

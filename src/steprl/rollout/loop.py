@@ -66,6 +66,7 @@ async def run_episode(
             gen = await engine.generate(
                 prompt,
                 replace(sampling, max_new_tokens=room, stop_token_ids=stop_ids, stop_sequences=stop_seqs),
+                seed=seed * 1_000_003 + _turn,  # per turn: rollouts do not depend on env timing
             )
             transition = await maybe_await(env.step(fmt.decode(gen.token_ids)))
             reason = _end_reason(transition)

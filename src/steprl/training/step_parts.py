@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
+from typing import Protocol
 
 import torch
 
@@ -27,6 +28,19 @@ def local_rollout(setup: RolloutSetup) -> RolloutFn:
 
     def run(tasks: Sequence[Task], group_size: int, seed: int) -> list[Group]:
         return asyncio.run(rollout_groups(tasks, group_size, setup, seed=seed))
+
+    return run
+
+
+class RemoteRollouts(Protocol):
+    """Rollouts that run elsewhere (e.g. `steprl.serving.ray_rollout.RayRolloutPool`)."""
+
+    def rollout_groups(self, tasks: Sequence[Task], group_size: int, *, seed: int) -> list[Group]: ...
+
+
+def remote_rollout(pool: RemoteRollouts) -> RolloutFn:
+    def run(tasks: Sequence[Task], group_size: int, seed: int) -> list[Group]:
+        return pool.rollout_groups(tasks, group_size, seed=seed)
 
     return run
 

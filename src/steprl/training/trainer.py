@@ -8,6 +8,7 @@ Synchronous training is the staleness-0 case: rollouts always come from the curr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import time
@@ -51,6 +52,7 @@ from steprl.training.step_parts import (
     collect_groups,
     local_rollout,
     postprocess,
+    remote_rollout,
     shaped_rewards,
     trajectory_abs_advantage,
     with_kl_in_reward,
@@ -68,14 +70,16 @@ class TrainResult:
 def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     """Train per `cfg`. Environments live where `runtime.backend` says (in-process, behind an
     HTTP env server, or in Ray actors); the env pool is closed however the run ends."""
-    envs = EnvPool(make_backend(cfg.env.name, cfg.env.params, cfg.runtime), cfg.runtime.max_concurrent_envs)
-    try:
-        return _train(cfg, envs, log)
-    finally:
-        envs.close()
+    with contextlib.ExitStack() as cleanup:
+        backend = make_backend(cfg.env.name, cfg.env.params, cfg.runtime)
+        envs = EnvPool(backend, cfg.runtime.max_concurrent_envs)
+        cleanup.callback(envs.close)
+        return _train(cfg, envs, cleanup, log)
 
 
-def _train(cfg: Config, envs: EnvPool, log: Callable[[str], None]) -> TrainResult:
+def _train(
+    cfg: Config, envs: EnvPool, cleanup: contextlib.ExitStack, log: Callable[[str], None]
+) -> TrainResult:
     # ---- set-up: run dir, seeds, policy, env, engine, learner -------------------------------
     transformers.utils.logging.disable_progress_bar()
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
@@ -156,6 +160,26 @@ def _train(cfg: Config, envs: EnvPool, log: Callable[[str], None]) -> TrainResul
     env_ids: dict[str, int] = {}
     setup = RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets)
     rollout = local_rollout(setup)
+    remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
+    if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
+        from steprl.serving.ray_rollout import RayRolloutPool, WorkerEnvs
+
+        remote = RayRolloutPool(
+            policy.model,
+            fmt,
+            pad_token_id=policy.tokenizer.pad_token_id,
+            num_workers=cfg.runtime.rollout_workers,
+            envs=WorkerEnvs(cfg.env.name, cfg.env.params, "ray", cfg.runtime.env_workers,
+                            cfg.runtime.env_call_timeout_s),  # fmt: skip
+            rule=rule,
+            sampling=sampling,
+            budgets=budgets,
+            seed=cfg.run.seed,
+            max_batch_size=cfg.rollout.max_batch_size,
+        )
+        cleanup.callback(remote.close)
+        rollout = remote_rollout(remote)
+        log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     train_tasks = env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
     eval_tasks = list(
@@ -191,6 +215,8 @@ def _train(cfg: Config, envs: EnvPool, log: Callable[[str], None]) -> TrainResul
         for step in range(1, cfg.trainer.total_steps + 1):
             t0 = time.perf_counter()
             engine.reseed(cfg.run.seed * 100_003 + step)
+            if remote is not None:
+                remote.reseed(cfg.run.seed * 100_003 + step)
             collected = collect_groups(
                 train_tasks,
                 tasks_per_step=cfg.rollout.tasks_per_step,
@@ -257,6 +283,8 @@ def _train(cfg: Config, envs: EnvPool, log: Callable[[str], None]) -> TrainResul
                 )
             if samples:  # a skipped step (empty batch after filtering) keeps the policy version
                 engine.update_weights(learner.state_dict_for_engine(), version=engine.version + 1)
+                if remote is not None:
+                    remote.sync_weights(learner.state_dict_for_engine(), version=engine.version)
             t_learn = time.perf_counter() - t0 - t_rollout
 
             metrics = {

@@ -30,7 +30,9 @@ class ScriptedEngine:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         self._version = version
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
+    ) -> Generation:
         text = self.responses[len(self.calls) % len(self.responses)]
         self.calls.append(tuple(prompt_ids))
         ids = list(self.encode(text))[: sampling.max_new_tokens]
