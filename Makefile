@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
 	$(BIN)/pip install --quiet -e ".[dev]"
-	@# bubblewrap confines model-written code (envs/sandbox.py); Debian package, needs apt as root.
+	@# bubblewrap confines model-written code (envs/sandbox/); Debian package, needs apt as root.
 	@command -v bwrap >/dev/null 2>&1 || apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
 	  echo "WARNING: bubblewrap (bwrap) is not installed; sandbox tests will skip with that reason"

@@ -118,9 +118,14 @@ class RolloutSetup:
 
 
 async def rollout_groups(
-    tasks: Sequence[Task], group_size: int, setup: RolloutSetup, *, seed: int
+    tasks: Sequence[Task], group_size: int, setup: RolloutSetup, *, seed: int, first_index: int = 0
 ) -> list[Group]:
-    """Run `group_size` episodes of every task concurrently; one fresh env per episode."""
+    """Run `group_size` episodes of every task concurrently; one fresh env per episode.
+
+    `first_index` is the position of `tasks[0]` in the whole batch: a worker that runs a share
+    of the batch passes it, so group ids and episode seeds (hence sampled tokens) are the same
+    as if one process had run the whole batch.
+    """
 
     async def one(task: Task, t_index: int, i: int) -> Trajectory:
         try:
@@ -147,7 +152,7 @@ async def rollout_groups(
             seed=seed * 1_000_003 + t_index * 1009 + i,
         )
 
-    coros = [one(task, t, i) for t, task in enumerate(tasks) for i in range(group_size)]
+    coros = [one(task, first_index + t, i) for t, task in enumerate(tasks) for i in range(group_size)]
     flat = await asyncio.gather(*coros)
     return [
         Group(task=task, trajectories=tuple(flat[t * group_size : (t + 1) * group_size]))

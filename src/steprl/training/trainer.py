@@ -176,6 +176,7 @@ def _train(
             budgets=budgets,
             seed=cfg.run.seed,
             max_batch_size=cfg.rollout.max_batch_size,
+            torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
         )
         cleanup.callback(remote.close)
         rollout = remote_rollout(remote)

@@ -1,0 +1,179 @@
+"""The worker side of the Ray env backend: `EnvWorker` (hosted as an async Ray actor by
+`ray_backend.RayEnvBackend`) and the records it sends back.
+
+Kept free of Ray calls so the worker's logic reads on its own: many env instances keyed by id,
+async env methods on the actor's event loop, sync ones in a bounded thread pool, every env
+exception returned as data (`EnvFailure`), never raised through Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import itertools
+import os
+import socket
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from steprl.envs.base import Env, EnvTimeout, Observation, Transition
+from steprl.types import Task
+
+
+@dataclass(frozen=True)
+class EnvMeta:
+    """What the agent loop reads from an env besides reset/step, fetched once at create."""
+
+    stop_strings: tuple[str, ...]
+    system_prompt: str
+
+
+@dataclass(frozen=True)
+class EnvFailure:
+    """An exception the env raised inside a worker, as data (the worker itself is fine)."""
+
+    method: str
+    type_name: str
+    message: str
+    traceback: str
+    is_timeout: bool  # the env raised EnvTimeout itself (e.g. its own sandbox deadline)
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One env worker's health, for supervision, metrics and tests."""
+
+    pid: int
+    host: str
+    live: int  # env instances held
+    in_flight: int  # calls running now
+    stuck_threads: int  # threads still busy in calls whose instance was destroyed
+
+
+class EnvWorker:
+    """Hosts many env instances of one kind, keyed by instance id.
+
+    Async env methods run on the actor's event loop; sync ones in a bounded thread pool, so one
+    slow env never stalls the others. Every env exception comes back as an `EnvFailure` and the
+    instance is dropped (its state may be half-updated); the worker keeps serving.
+    """
+
+    def __init__(self, factory: Callable[..., Env], params: Mapping[str, Any], max_threads: int) -> None:
+        self._factory = factory
+        self._params = dict(params)
+        self._envs: dict[str, Env] = {}
+        self._threads = ThreadPoolExecutor(max_threads, thread_name_prefix="steprl-env")
+        self._lock = threading.Lock()
+        self._running: dict[int, str] = {}  # call id -> instance id, for calls inside a thread
+        self._abandoned: set[str] = set()  # destroyed while a thread was still inside them
+        self._cancelled: set[str] = set()  # destroyed before `create` stored them
+        self._call_ids = itertools.count()
+        self._in_flight = 0
+
+    async def create(self, instance_id: str) -> EnvMeta | EnvFailure:
+        result = await self._run(instance_id, "create", functools.partial(self._factory, **self._params))
+        if isinstance(result, EnvFailure):
+            return result
+        env: Env = result
+        if instance_id in self._cancelled:  # the caller gave up (deadline) before we finished
+            self._cancelled.discard(instance_id)
+            self._close_quietly(env)
+            return EnvFailure("create", "Abandoned", "created after the caller's deadline", "", True)
+        self._envs[instance_id] = env
+        return EnvMeta(tuple(env.stop_strings), str(getattr(env, "system_prompt", "")))
+
+    async def reset(self, instance_id: str, task: Task, seed: int) -> Observation | EnvFailure:
+        return await self._call(instance_id, "reset", task, seed)
+
+    async def step(self, instance_id: str, action: str) -> Transition | EnvFailure:
+        return await self._call(instance_id, "step", action)
+
+    async def close(self, instance_id: str) -> EnvFailure | None:
+        env = self._envs.pop(instance_id, None)
+        if env is None:
+            return None  # already closed or destroyed: close is idempotent
+        result = await self._run(instance_id, "close", env.close)
+        return result if isinstance(result, EnvFailure) else None
+
+    async def destroy(self, instance_id: str) -> WorkerStats:
+        """Forget an instance whose call timed out. It is not closed while a thread is still
+        inside it (calling into a busy env is unsafe); that thread counts in `stuck_threads`
+        until it returns. An instance still being created is closed when its factory returns."""
+        env = self._envs.pop(instance_id, None)
+        with self._lock:
+            busy = instance_id in self._running.values()
+            if busy:
+                self._abandoned.add(instance_id)
+        if env is None:
+            self._cancelled.add(instance_id)
+        elif not busy:
+            self._close_quietly(env)
+        return self.stats()
+
+    def stats(self) -> WorkerStats:
+        with self._lock:
+            stuck = sum(1 for i in self._running.values() if i in self._abandoned)
+        return WorkerStats(os.getpid(), socket.gethostname(), len(self._envs), self._in_flight, stuck)
+
+    async def _call(self, instance_id: str, method: str, *args: Any) -> Any:
+        env = self._envs.get(instance_id)
+        if env is None:
+            return EnvFailure(
+                method, "UnknownInstance",
+                f"env instance {instance_id!r} is not live on this worker (closed, or destroyed after a "
+                "failure or timeout); make a new env with backend.make_env(task).", "", False,
+            )  # fmt: skip
+        result = await self._run(instance_id, method, getattr(env, method), *args)
+        if isinstance(result, EnvFailure):
+            self._envs.pop(instance_id, None)  # never reuse an env that raised mid-call
+        return result
+
+    async def _run(self, instance_id: str, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+        self._in_flight += 1
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args)
+            call_id = next(self._call_ids)
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._threads, self._tracked, call_id, instance_id, fn, args)
+            return await result if inspect.isawaitable(result) else result
+        except Exception as exc:
+            return EnvFailure(
+                method,
+                type(exc).__name__,
+                str(exc),
+                traceback.format_exc(limit=8),
+                isinstance(exc, EnvTimeout),
+            )
+        finally:
+            self._in_flight -= 1
+
+    def _tracked(self, call_id: int, instance_id: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        with self._lock:
+            self._running[call_id] = instance_id
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                del self._running[call_id]
+                if instance_id not in self._running.values():
+                    self._abandoned.discard(instance_id)  # its last stuck thread came back
+
+    def _close_quietly(self, env: Env) -> None:
+        """Best-effort close of a forgotten instance, off the caller's path; errors are dropped."""
+        if inspect.iscoroutinefunction(env.close):
+            task = asyncio.get_running_loop().create_task(env.close())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        else:
+            asyncio.get_running_loop().run_in_executor(self._threads, _close_sync, env)
+
+
+def _close_sync(env: Env) -> None:
+    with contextlib.suppress(Exception):
+        env.close()

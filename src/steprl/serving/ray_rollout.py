@@ -1,0 +1,254 @@
+"""`RayRolloutPool`: the agent loop on N `RolloutWorker` Ray actors, each with its own engine.
+
+Each worker holds a full copy of the policy (an `HFEngine` on CPU), the prompt format (with its
+tokenizer) and the context rule, all pickled into the actor once at start. It runs the ordinary
+`steprl.rollout.loop.rollout_groups` on a contiguous share of the tasks, exactly as the trainer
+does in-process (`asyncio.run` on a fresh loop). Hence with ONE worker the groups are
+bit-identical to in-process rollouts with the same engine seed, weights and torch thread count
+(tested). With N workers, each share is rolled out with `first_index` = its first task's
+position, so group ids and per-episode sampling seeds are those of one process rolling out the
+whole batch: the same tokens as in-process (log-probs equal up to float rounding).
+
+What it costs: N model copies in memory; one `ray.put` of the state dict per `sync_weights`
+(each worker then deserialises its own copy); the model and the latest weights stay in the
+object store so a dead worker can be rebuilt. If a worker dies mid-rollout, its share comes
+back as `infra_failed` trajectories (trajectories in == out) and a fresh worker, with the
+current weights and seed, takes its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayError
+
+from steprl.envs.base import Env
+from steprl.envs.registry import get_spec
+from steprl.rollout.chat import PromptFormat
+from steprl.rollout.context import ContextRule
+from steprl.rollout.engines.base import SamplingParams
+from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
+from steprl.serving.ray_backend import RayEnvBackend, ensure_ray
+from steprl.types import EndReason, Group, Task, Trajectory
+
+
+@dataclass(frozen=True)
+class WorkerEnvs:
+    """Which env the rollout workers build and where its instances live.
+
+    `inprocess`: inside the rollout worker's own process (the worker is the isolation unit).
+    `ray`: in `env_workers` `EnvWorker` actors owned by each rollout worker (they die with it),
+    with the per-call deadline and supervision of `RayEnvBackend`.
+    """
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    placement: Literal["inprocess", "ray"] = "inprocess"
+    env_workers: int = 1  # per rollout worker, placement "ray" only
+    call_timeout_s: float = 30.0  # placement "ray" only
+
+
+class RolloutWorker:
+    """One rollout actor: engine + env source + the agent loop. Calls run in submission order."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        fmt: PromptFormat,
+        *,
+        pad_token_id: int,
+        envs: WorkerEnvs,
+        factory: Callable[..., Env],
+        rule: ContextRule,
+        sampling: SamplingParams,
+        budgets: Budgets,
+        seed: int,
+        version: int,
+        max_batch_size: int,
+        torch_threads: int,
+    ) -> None:
+        torch.set_num_threads(torch_threads)
+        self.engine = HFEngine(
+            model,
+            eos_token_id=fmt.eos_token_id,
+            pad_token_id=pad_token_id,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            version=version,
+        )
+        params = dict(envs.params)
+        self._backend: RayEnvBackend | None = None
+        make_env: Callable[[Task], Env] = lambda task: factory(**params)  # noqa: E731
+        if envs.placement == "ray":
+            self._backend = RayEnvBackend(
+                envs.name,
+                params,
+                num_workers=envs.env_workers,
+                call_timeout_s=envs.call_timeout_s,
+                factory=factory,
+            )
+            make_env = self._backend.make_env
+        self.setup = RolloutSetup(make_env, self.engine, fmt, rule, sampling, budgets)
+
+    def rollout(self, tasks: Sequence[Task], group_size: int, seed: int, first_index: int) -> list[Group]:
+        return asyncio.run(rollout_groups(tasks, group_size, self.setup, seed=seed, first_index=first_index))
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(state_dict, version)
+
+    def reseed(self, seed: int) -> None:
+        self.engine.reseed(seed)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+_RolloutWorkerActor = ray.remote(RolloutWorker)
+
+
+class RayRolloutPool:
+    """`num_workers` rollout actors behind a synchronous, in-order `rollout_groups`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        fmt: PromptFormat,
+        *,
+        pad_token_id: int,
+        num_workers: int,
+        envs: WorkerEnvs,
+        rule: ContextRule,
+        sampling: SamplingParams,
+        budgets: Budgets,
+        seed: int,
+        version: int = 0,
+        max_batch_size: int = 256,
+        cpus_per_worker: float = 1.0,
+        torch_threads: int | None = None,
+        rollout_timeout_s: float | None = None,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        """`model` is copied into each worker (pickled once into the object store).
+        `rollout_timeout_s` bounds one `rollout_groups` call per worker; a worker past it is
+        killed and replaced, its share `infra_failed` (None: no deadline beyond the env's)."""
+        if num_workers < 1:
+            raise ValueError(f"runtime.rollout_workers must be >= 1 for a RayRolloutPool, got {num_workers}.")
+        factory = get_spec(envs.name).factory  # resolved here: the workers' registry lacks run-time envs
+        ensure_ray()
+        self.num_workers = num_workers
+        self.rollout_timeout_s = rollout_timeout_s
+        #: (worker index, why) for every worker replaced after dying or passing the deadline
+        self.replaced: list[tuple[int, str]] = []
+        self._seed = seed
+        self._version = version
+        self._weights_ref: Any = None  # the latest synced state dict, to rebuild a dead worker
+        self._model_ref = ray.put(model)
+        self._kwargs: dict[str, Any] = {
+            "fmt": fmt,
+            "pad_token_id": pad_token_id,
+            "envs": envs,
+            "factory": factory,
+            "rule": rule,
+            "sampling": sampling,
+            "budgets": budgets,
+            "max_batch_size": max_batch_size,
+            "torch_threads": torch_threads or max(1, int(cpus_per_worker)),
+        }
+        self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
+        self._workers = [self._spawn(k) for k in range(num_workers)]
+        try:  # fail here, once, rather than as infra failures every step
+            ray.get([w.pid.remote() for w in self._workers], timeout=start_timeout_s)
+        except (GetTimeoutError, RayError) as exc:
+            self.close()
+            raise RuntimeError(
+                f"{num_workers} rollout workers ({cpus_per_worker:g} CPU each) did not start within "
+                f"{start_timeout_s:g}s: {exc}\nCheck `ray status` for free CPUs and that steprl is "
+                "installed on every node."
+            ) from None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def rollout_groups(self, tasks: Sequence[Task], group_size: int, *, seed: int) -> list[Group]:
+        """`group_size` episodes of every task, split over the workers; groups in task order."""
+        tasks = list(tasks)
+        shares = _split(len(tasks), self.num_workers)
+        refs = [
+            (k, lo, hi, self._workers[k].rollout.remote(tasks[lo:hi], group_size, seed, lo))
+            for k, (lo, hi) in enumerate(shares)
+            if hi > lo
+        ]
+        deadline = None if self.rollout_timeout_s is None else time.monotonic() + self.rollout_timeout_s
+        groups: list[Group] = []
+        for k, lo, hi, ref in refs:
+            try:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                groups += ray.get(ref, timeout=timeout)
+            except (GetTimeoutError, RayError) as exc:
+                why = f"rollout worker {k} failed: {type(exc).__name__}"
+                groups += [
+                    _failed_group(task, lo + i, group_size, seed, why) for i, task in enumerate(tasks[lo:hi])
+                ]
+                self._replace(k, type(exc).__name__)
+        return groups
+
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Push new weights to every worker (serialised once with `ray.put`)."""
+        self._weights_ref = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        self._version = version
+        self._broadcast("update_weights", lambda k: (self._weights_ref, version))
+
+    def reseed(self, seed: int) -> None:
+        """Reseed every worker's sampler (all with `seed`: episode seeds already differ)."""
+        self._seed = seed
+        self._broadcast("reseed", lambda k: (seed,))
+
+    def worker_pids(self) -> list[int]:
+        return [int(p) for p in ray.get([w.pid.remote() for w in self._workers])]
+
+    def close(self) -> None:
+        """Kill the workers (env actors they own die with them). Idempotent."""
+        for w in self._workers:
+            ray.kill(w, no_restart=True)
+
+    def _broadcast(self, method: str, args: Callable[[int], tuple[Any, ...]]) -> None:
+        refs = [getattr(w, method).remote(*args(k)) for k, w in enumerate(self._workers)]
+        for k, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except RayError as exc:  # a dead worker is rebuilt with the current weights and seed
+                self._replace(k, type(exc).__name__)
+
+    def _spawn(self, index: int) -> Any:
+        worker: Any = _RolloutWorkerActor.options(**self._options).remote(
+            self._model_ref, seed=self._seed, version=self._version, **self._kwargs
+        )
+        if self._weights_ref is not None:  # calls to one actor run in submission order
+            worker.update_weights.remote(self._weights_ref, self._version)
+        return worker
+
+    def _replace(self, index: int, why: str) -> None:
+        ray.kill(self._workers[index], no_restart=True)
+        self._workers[index] = self._spawn(index)
+        self.replaced.append((index, why))
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) shares of n items whose sizes differ by at most one."""
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def _failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -> Group:
+    failed = Trajectory(task.id, f"{seed}-{index}", task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why})
+    return Group(task, (failed,) * group_size)

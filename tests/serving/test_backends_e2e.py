@@ -1,0 +1,87 @@
+"""The default recipe trains the same with its environment in-process, behind the HTTP env
+server, in Ray env workers, and with the agent loop itself on a Ray rollout worker: for the
+same seed every non-timing metric of the first steps is the same (issue 5, "done when").
+
+Same means equal up to float rounding (relative 1e-5): the engine samples each turn with its own
+seed, so the tokens do not depend on how fast envs answer; but remote envs answering at other
+moments change which requests share a batch, which moves logits by ~1e-7 (CPU matmul
+blocking), and log-ratio metrics such as approx_kl by ~1e-6 relative."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from steprl.config import load_config
+from steprl.training.trainer import TrainResult, train
+
+pytestmark = pytest.mark.e2e
+
+SMALL = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.sft.skill_steps=20",
+    "model.sft.steps=10",
+    "model.sft.num_episodes=200",
+    "model.sft.batch_size=32",
+    "rollout.tasks_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_turns=4",
+    "rollout.max_tokens_per_turn=24",
+    "trainer.total_steps=2",
+    "trainer.eval_tasks=8",
+    "trainer.eval_every=2",
+    "trainer.lr=3e-3",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "logging.save_trajectories=false",
+]
+
+RUNTIMES = {
+    "http": ["runtime.backend=http"],
+    "ray": ["runtime.backend=ray", "runtime.env_workers=2"],
+    "ray_rollout_worker": ["runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1"],
+}
+
+
+def _run(tmp_path, name: str, extra: list[str]) -> TrainResult:
+    cfg = load_config(
+        "configs/calculator_tiny.yaml",
+        [*SMALL, f"run.output_dir={tmp_path / 'runs'}", f"run.name={name}",
+         f"model.cache_dir={tmp_path / 'cache'}", *extra],  # fmt: skip
+    )
+    return train(cfg, log=lambda s: None)
+
+
+def _comparable(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not k.startswith(("time/", "perf/")) and "_per_s" not in k}
+
+
+@pytest.fixture(scope="module")
+def inprocess(tmp_path_factory) -> tuple[object, TrainResult]:
+    tmp = tmp_path_factory.mktemp("backends")
+    return tmp, _run(tmp, "inprocess", [])
+
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_same_seed_same_metrics_on_every_backend(inprocess, runtime) -> None:
+    tmp, reference = inprocess
+    result = _run(tmp, runtime, RUNTIMES[runtime])
+    assert len(result.history) == len(reference.history) == 2
+    for got, want in zip(result.history, reference.history, strict=True):
+        got, want = _comparable(got), _comparable(want)
+        assert got.keys() == want.keys()
+        different = {k: (got[k], want[k]) for k in want if not _same(got[k], want[k])}
+        assert not different, f"{runtime} differs from in-process: {different}"
+        assert got["traj/in"] == got["traj/out"] == 16
+        assert got["end/infra_failed"] == 0
+    final, want_final = _comparable(result.final), _comparable(reference.final)
+    assert final.keys() == want_final.keys()
+    assert all(_same(final[k], want_final[k]) for k in want_final), (final, want_final)
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-8)
