@@ -112,3 +112,12 @@ def test_same_seed_gives_identical_metrics_for_first_three_steps(two_runs):
     for ma, mb in zip(a.history[:3], b.history[:3], strict=True):
         keys = [k for k in ma if not k.startswith("time/")]
         assert {k: ma[k] for k in keys} == {k: mb[k] for k in keys}
+
+
+def test_rerun_into_the_same_directory_starts_fresh_files(two_runs):
+    tmp, first, _ = two_runs
+    again = train(_cfg(tmp, "a", ["trainer.total_steps=1", "trainer.eval_every=0"]), log=lambda s: None)
+    assert again.run_dir == first.run_dir
+    rows = [json.loads(line) for line in (again.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]  # not appended to the first run's four rows
+    assert read_trajectories(again.run_dir / "trajectories.parquet").num_rows == 16

@@ -84,6 +84,8 @@ def _train(
     transformers.utils.logging.disable_progress_bar()
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=cfg.run.overwrite)
+    for stale in ("metrics.jsonl", "trajectories.parquet"):  # appended to while a run goes on
+        (run_dir / stale).unlink(missing_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     torch.manual_seed(cfg.run.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
