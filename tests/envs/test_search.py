@@ -480,7 +480,7 @@ def test_expert_transcripts_fit_the_tiny_config():
     from steprl.config import load_config
 
     cfg = load_config("configs/search_tiny.yaml")
-    assert cfg.env.name == "search" and cfg.model.sft.strategies == {"expert": 0.3, "guess": 0.7}
+    assert cfg.env.name == "search" and set(cfg.model.sft.strategies) <= {"expert", "one_search", "guess"}
     env = SearchEnv(**cfg.env.params)
     longest_action = longest = 0
     for task in make_tasks("train", 0, 300, **cfg.env.task_params):
