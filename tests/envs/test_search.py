@@ -476,7 +476,7 @@ def test_retrieved_tokens_are_masked_in_the_loop(tokenizer):
     assert seen > 40
 
 
-def test_expert_transcripts_fit_the_tiny_config():
+def test_expert_transcripts_fit_the_tiny_config(tokenizer):
     from steprl.config import load_config
 
     cfg = load_config("configs/search_tiny.yaml")
@@ -496,7 +496,7 @@ def test_expert_transcripts_fit_the_tiny_config():
             longest_action = max(longest_action, len(action))
             if t.terminated or t.truncated:
                 break
-        longest = max(longest, len(text))
-    # characters bound tokens from above (tags are one token each)
+        longest = max(longest, len(tokenizer.encode(text, add_special_tokens=False)) + 1)  # + BOS
+    # characters bound an action's tokens from above (tags are one token each)
     assert longest_action <= cfg.rollout.max_tokens_per_turn
     assert longest + cfg.rollout.max_tokens_per_turn <= cfg.rollout.max_total_tokens
