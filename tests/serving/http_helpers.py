@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import threading
@@ -127,14 +128,25 @@ def scripted_rollout(
 
 # ----------------------------------------------------------------------------------------------
 # A fault-injecting HTTP/1.1 proxy (loopback, in a thread). Per request kind ("create", "reset",
-# "step", "close") it consumes a plan of faults in order, then forwards normally:
+# "step", "close"; a /v1/batch of one call counts as that call) it consumes a plan of faults in
+# order, then forwards normally:
 #   "503"          answer 503 + Retry-After: 0 without forwarding;
 #   "drop_before"  close the connection without forwarding (the server never sees the call);
 #   "drop_after"   forward, read the server's answer, then close without relaying it (the call
 #                  WAS applied; the client sees a connection reset).
 
 
-def _kind(method: str, path: str) -> str:
+def _kind(method: str, path: str, body: bytes) -> tuple[str, bytes]:
+    """The request's kind and the body to record; a one-call /v1/batch counts as that call."""
+    if path == "/v1/batch":
+        calls = json.loads(body)["calls"]
+        if len(calls) == 1:
+            return calls[0]["op"], json.dumps(calls[0]["body"]).encode()
+        return "batch", body
+    return _single_kind(method, path), body
+
+
+def _single_kind(method: str, path: str) -> str:
     if method == "DELETE":
         return "close"
     if path.endswith("/reset"):
@@ -185,8 +197,8 @@ class FaultProxy:
         try:
             while (request := await self._read_request(reader)) is not None:
                 head, body, method, path = request
-                kind = _kind(method, path)
-                self.seen[kind].append(body)
+                kind, recorded = _kind(method, path, body)
+                self.seen[kind].append(recorded)
                 fault = self.plan[kind].pop(0) if self.plan.get(kind) else None
                 if fault == "503":
                     msg = b'{"error":{"type":"proxy","message":"injected 503"}}'

@@ -527,6 +527,7 @@ def test_http10_soak_with_request_recycling_fails_only_as_infra_failed(tokenizer
             {"episode_len": 2},
             call_timeout_s=10.0,
             retry=RetryPolicy(max_attempts=6, base_s=0.05, max_backoff_s=0.4),
+            coalesce=False,  # one request per call: the recycle point counts requests
         )
         rss = []
         trajectories = []

@@ -18,6 +18,12 @@ Failure semantics (reference/reliability.md §2.2):
   `InfraError` (trajectory `infra_failed`). The agent loop keeps the text in the trajectory's
   info; none of it reaches the model's context.
 
+Coalescing (`HttpEnvBackend(coalesce=True)`, the default): the calls that a backend's envs make
+in the same event-loop tick travel as one `POST /v1/batch` (`coalesce.py`); each call keeps its
+own deadline, retries and error classification, exactly as above. The price: a batch is answered
+when its slowest call is, so a slow env call delays the calls batched with it (never past their
+own deadlines). `coalesce=False` sends one request per call.
+
 httpx clients are bound to the event loop they were first used on, and the trainer runs one
 `asyncio.run` per rollout phase, so `ClientPool` hands each env a client made on the running
 loop, reuses it (and its open connection) for the next env on that loop, and closes it with the
@@ -36,6 +42,7 @@ import httpx
 
 from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
 from steprl.serving.client_pool import ClientPool
+from steprl.serving.coalesce import Answer, Coalescers, answer_from
 from steprl.serving.protocol import (
     CreateRequest,
     CreateResponse,
@@ -51,7 +58,7 @@ from steprl.serving.protocol import (
 from steprl.types import Task
 
 _RETRY_STATUSES = frozenset({502, 503, 504})
-_MAX_RETRY_AFTER_S = 60.0
+_COALESCED = frozenset({"create", "reset", "step", "close"})
 
 
 class RemoteEnvError(InfraError):
@@ -88,21 +95,14 @@ class RetryPolicy:
         return rng.uniform(0.0, min(self.max_backoff_s, self.base_s * 2 ** (attempt - 1)))
 
 
-def _error_from(response: httpx.Response, what: str) -> RemoteEnvError:
+def _error_from(answer: Answer, what: str) -> RemoteEnvError:
     try:
-        error = ErrorEnvelope.model_validate(response.json()).error
+        error = ErrorEnvelope.model_validate(answer.data).error
         type_, message = error.type, error.message
     except ValueError:
-        type_, message = "http_error", response.text[:200] or response.reason_phrase
-    status = response.status_code
+        type_, message = "http_error", answer.text
+    status = answer.status
     return RemoteEnvError(f"{what}: HTTP {status} {type_}: {message}", status=status, type_=type_)
-
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return min(max(float(response.headers.get("retry-after", 0)), 0.0), _MAX_RETRY_AFTER_S)
-    except ValueError:  # an HTTP date: not sent by our server; fall back to the backoff
-        return 0.0
 
 
 class RemoteEnv:
@@ -124,6 +124,7 @@ class RemoteEnv:
         close_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
         clients: ClientPool | None = None,
+        coalescers: Coalescers | None = None,
         stop_strings: Sequence[str] = (),
         system_prompt: str = "",
         rng: random.Random | None = None,
@@ -140,6 +141,7 @@ class RemoteEnv:
         self.system_prompt: str = system_prompt
         self._headers = {"Authorization": f"Bearer {token}"}
         self._clients = clients or ClientPool(max_idle=0)  # a pool of its own: the client closes with the env
+        self._coalescers = coalescers  # None: one request per call
         self._rng = rng or random.Random()
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -202,12 +204,10 @@ class RemoteEnv:
                     if err.status != 404:
                         raise
         finally:
-            if self._loop is not None and self._client is not None:
-                loop, client, self._loop, self._client = self._loop, self._client, None, None
-                await self._clients.release(loop, client)
+            await self._release_client()
 
     async def _create(self) -> None:
-        if self._client is None:  # a reset retried after a failed create keeps its client
+        if self._client is None and self._coalescers is None:  # a retried create keeps its client
             self._client = self._clients.acquire(self.url)
             self._loop = asyncio.get_running_loop()
         body = CreateRequest(env=self.env, params=self.params).model_dump()
@@ -215,6 +215,11 @@ class RemoteEnv:
         self._id = created.instance_id
         self.stop_strings = tuple(created.stop_strings)
         self.system_prompt = created.system_prompt
+
+    async def _release_client(self) -> None:
+        if self._loop is not None and self._client is not None:
+            loop, client, self._loop, self._client = self._loop, self._client, None, None
+            await self._clients.release(loop, client)
 
     async def _request(
         self,
@@ -227,7 +232,7 @@ class RemoteEnv:
         retry: bool = True,
     ) -> Any:
         """One call with its deadline and retries; the decoded JSON of a 2xx answer."""
-        assert self._client is not None, "the client is acquired by _create()"
+        op = what
         budget = timeout_s or self.call_timeout_s
         what = f"{what} on env {self.env!r} at {self.url}"
         loop = asyncio.get_running_loop()
@@ -241,9 +246,7 @@ class RemoteEnv:
             retry_after = 0.0
             try:
                 async with asyncio.timeout(per_try):
-                    response = await self._client.request(
-                        method, self.url + path, json=body, headers=self._headers, timeout=per_try
-                    )
+                    answer = await self._attempt(method, path, body, op, per_try)
             except (TimeoutError, httpx.TimeoutException):
                 last = EnvTimeout(f"{what}: no answer within {per_try:.3g}s (try {attempt})")
                 self._unreachable = False
@@ -255,20 +258,21 @@ class RemoteEnv:
                 self._unreachable = True
             else:
                 self._unreachable = False
-                if response.is_success:
-                    try:
-                        return response.json()
-                    except ValueError:
+                if answer.is_success:
+                    if answer.data is None:
                         raise RemoteEnvError(
-                            f"{what}: the answer is not JSON", status=response.status_code, type_="protocol"
-                        ) from None
-                error = _error_from(response, what)
-                if response.status_code == 504 and error.type == "handler_timeout":
+                            f"{what}: the answer is not JSON {answer.text}".rstrip(),
+                            status=answer.status,
+                            type_="protocol",
+                        )
+                    return answer.data
+                error = _error_from(answer, what)
+                if answer.status == 504 and error.type == "handler_timeout":
                     raise EnvTimeout(str(error))  # the server destroyed the instance: retrying is pointless
-                if response.status_code not in _RETRY_STATUSES:
+                if answer.status not in _RETRY_STATUSES:
                     raise error
-                last = EnvTimeout(str(error)) if response.status_code == 504 else error
-                retry_after = _retry_after(response)
+                last = EnvTimeout(str(error)) if answer.status == 504 else error
+                retry_after = answer.retry_after_s
             if not retry or attempt == self.retry.max_attempts:
                 break
             pause = max(retry_after, self.retry.backoff(attempt, self._rng))
@@ -276,6 +280,19 @@ class RemoteEnv:
                 break
             await asyncio.sleep(pause)
         raise last
+
+    async def _attempt(
+        self, method: str, path: str, body: Mapping[str, Any] | None, op: str, timeout_s: float
+    ) -> Answer:
+        """One try: through the loop's coalescer, else a request of its own."""
+        if self._coalescers is not None and op in _COALESCED:
+            coalescer = self._coalescers.get(self.url, self._headers)
+            return await coalescer.call(self._id or "", op, body, timeout_s)
+        assert self._client is not None, "the client is acquired by _create()"
+        response = await self._client.request(
+            method, self.url + path, json=body, headers=self._headers, timeout=timeout_s
+        )
+        return answer_from(response)
 
 
 def _parse(model: Any, data: Any, what: str) -> Any:
@@ -306,6 +323,7 @@ class HttpEnvBackend:
         close_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
         server: Any = None,
+        coalesce: bool = True,
     ) -> None:
         if not token:
             raise ValueError("HttpEnvBackend needs the server's bearer token (see `steprl serve-env`)")
@@ -316,6 +334,8 @@ class HttpEnvBackend:
         self.close_timeout_s = close_timeout_s
         self.retry = retry or RetryPolicy()
         self.clients = ClientPool()
+        # Calls of this backend's envs made in the same loop tick share one POST /v1/batch.
+        self.coalescers = Coalescers(self.clients) if coalesce else None
         self.server = server  # a LocalEnvServer this backend owns, or None
         self._token = token
         self._stop_strings: Sequence[str] = ()
@@ -334,6 +354,7 @@ class HttpEnvBackend:
             close_timeout_s=self.close_timeout_s,
             retry=self.retry,
             clients=self.clients,
+            coalescers=self.coalescers,
             stop_strings=self._stop_strings,
             system_prompt=self._system_prompt,
         )
@@ -350,7 +371,7 @@ class HttpEnvBackend:
             try:
                 response = c.post("/v1/envs", json=body)
                 if not response.is_success:
-                    raise _error_from(response, f"probing {what}")
+                    raise _error_from(answer_from(response), f"probing {what}")
                 created = _parse(CreateResponse, response.json(), f"probing {what}")
                 c.delete(f"/v1/envs/{created.instance_id}")
             except httpx.HTTPError as exc:

@@ -7,7 +7,12 @@ never a silently ignored field)::
     POST   /v1/envs/{id}/reset  {task, seed}   -> {text, info}
     POST   /v1/envs/{id}/step   {action, seq}  -> {observation, reward, terminated, truncated, info}
     DELETE /v1/envs/{id}                       -> {closed: true}
+    POST   /v1/batch  {calls: [{instance_id, op, body}]} -> {results: [{status, body, headers}]}
     any error                                  -> {"error": {"type", "message"}}
+
+`/v1/batch` carries many create/reset/step/close calls in one request (the client coalesces the calls
+its episodes make in the same event-loop tick): each call's `body` is that route's body, each
+result the status and body that route would have answered, in call order.
 
 `seq` is the step's idempotency key: 1 for the first step after a reset, then +1 per step. The
 server applies a step once; a repeat of the last `seq` returns the cached answer (reliability
@@ -21,7 +26,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -91,6 +96,30 @@ class ErrorBody(_Wire):
 
 class ErrorEnvelope(_Wire):
     error: ErrorBody
+
+
+#: Calls per batch: bounds the work one request can queue (the body cap bounds its bytes).
+MAX_BATCH_CALLS = 512
+
+
+class BatchCall(_Wire):
+    instance_id: str = Field(default="", max_length=200)  # "" for a create
+    op: Literal["create", "reset", "step", "close"]
+    body: dict[str, Any] = Field(default_factory=dict)  # CreateRequest / ResetRequest / StepRequest / {}
+
+
+class BatchRequest(_Wire):
+    calls: list[BatchCall] = Field(min_length=1, max_length=MAX_BATCH_CALLS)
+
+
+class BatchResult(_Wire):
+    status: int  # what the single route would have answered
+    body: dict[str, Any]  # its body: the answer, or an ErrorEnvelope
+    headers: dict[str, str] = Field(default_factory=dict)  # e.g. Retry-After of a 503
+
+
+class BatchResponse(_Wire):
+    results: list[BatchResult]
 
 
 def json_safe(value: Any, _depth: int = 0) -> Any:

@@ -4,7 +4,9 @@
     serve(settings)                      # blocking; or uvicorn.run(build_app(settings), ...)
 
 Routes (wire format in `protocol.py`): POST /v1/envs, POST /v1/envs/{id}/reset,
-POST /v1/envs/{id}/step, DELETE /v1/envs/{id}, GET /v1/metrics, GET /healthz (no auth).
+POST /v1/envs/{id}/step, DELETE /v1/envs/{id}, POST /v1/batch (many reset/step/close calls in
+one request, each run exactly as its single route would run it), GET /v1/metrics, GET /healthz
+(no auth).
 
 The semantics follow reference/reliability.md §2.2 and §5.2:
 
@@ -18,7 +20,8 @@ The semantics follow reference/reliability.md §2.2 and §5.2:
   at the instance cap, 500 `env_error` when the env itself raises: message only, no traceback).
 * an idle reaper destroys instances whose client vanished without closing them.
 * security (host allowlist, bearer token, body cap, header deadline) is in `security.py`,
-  the instance table, worker threads and reaper in `instances.py`, `Settings` in `settings.py`.
+  the instance table, worker threads and reaper in `instances.py`, `Settings` in `settings.py`,
+  what reset/step/close do (single or batched) in `handlers.py`.
 """
 
 from __future__ import annotations
@@ -31,30 +34,33 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from steprl.envs.registry import get_spec
 from steprl.serving import security
+from steprl.serving.handlers import (
+    MAX_MESSAGE_CHARS,
+    ServerState,
+    batch_call,
+    do_close,
+    do_create,
+    do_reset,
+    do_step,
+    invalid_message,
+)
 from steprl.serving.instances import (
-    Instance,
-    InstanceState,
     InstanceTable,
-    Overloaded,
     ServeError,
     WorkerThreads,
-    call_env,
-    close_quietly,
     reap_forever,
 )
 from steprl.serving.protocol import (
+    BatchRequest,
     ClosedResponse,
     CreateRequest,
     CreateResponse,
@@ -64,64 +70,12 @@ from steprl.serving.protocol import (
     ResetRequest,
     StepRequest,
     TransitionMsg,
-    observation_to_wire,
-    task_from_wire,
-    transition_to_wire,
 )
 from steprl.serving.settings import Settings
 
 __all__ = ["Settings", "build_app", "serve", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-_MAX_MESSAGE_CHARS = 2000
-
-
-@dataclass
-class ServerState:
-    """Everything the handlers share; one per app."""
-
-    settings: Settings
-    table: InstanceTable
-    threads: WorkerThreads
-    requests: int = 0
-    statuses: Counter[int] = field(default_factory=Counter)
-    steps_replayed: int = 0
-    background: set[asyncio.Task[Any]] = field(default_factory=set)
-
-    def spawn(self, coro: Awaitable[Any]) -> None:
-        """Run `coro` in the background, keeping a reference until it finishes."""
-        task = asyncio.ensure_future(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    async def destroy(self, inst: Instance, why: str, counter: str) -> None:
-        """Remove `inst` now (later calls get 409) and close its env in the background.
-
-        Closing runs even while a timed-out call still holds the env: for an env stuck in I/O
-        or a sandbox, close() is the only way to abort that call.
-        """
-        if self.table.pop(inst.id, why, counter) is not None:
-            logger.warning("env %s (%s) %s", inst.id, inst.env_name, why)
-            self.spawn(close_quietly(self.threads, inst, self.settings.handler_timeout_s))
-
-    def metrics(self) -> dict[str, Any]:
-        counts = self.table.counts
-        return {
-            "instances_live": len(self.table),
-            "instances_busy": sum(1 for i in self.table if i.busy),
-            "instances_created": counts["created"],
-            "instances_closed": counts["closed"],
-            "instances_reaped": counts["reaped"],
-            "instances_destroyed": counts["destroyed"],
-            "rejected_at_capacity": counts["rejected_at_capacity"],
-            "steps_replayed": self.steps_replayed,
-            "threads_alive": self.threads.alive,
-            "asyncio_tasks": len(asyncio.all_tasks()),  # a leak shows up here (HTTP-07)
-            "requests": self.requests,
-            "errors": sum(n for status, n in self.statuses.items() if status >= 400),
-            "responses_by_status": {str(k): v for k, v in sorted(self.statuses.items())},
-        }
 
 
 class _Counting:
@@ -146,7 +100,7 @@ class _Counting:
 
 
 def _envelope(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorEnvelope(error=ErrorBody(type=type_, message=message[:_MAX_MESSAGE_CHARS]))
+    body = ErrorEnvelope(error=ErrorBody(type=type_, message=message[:MAX_MESSAGE_CHARS]))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
@@ -157,12 +111,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # Location and reason only: echoing the input could echo secrets or megabytes.
-        problems = [
-            f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg', 'invalid')}"
-            for err in exc.errors()[:8]
-        ]
-        return _envelope(422, "validation_error", "invalid request: " + "; ".join(problems))
+        return _envelope(422, "validation_error", invalid_message(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -175,49 +124,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _envelope(500, "internal_error", f"the env server failed ({type(exc).__name__}); see its log")
 
 
-def _busy(state: ServerState, what: str) -> ServeError:
-    return ServeError(
-        503,
-        "server_busy",
-        f"{what}; retry after {state.settings.retry_after_s}s (or raise --max-instances)",
-        {"Retry-After": str(state.settings.retry_after_s)},
-    )
-
-
-def _env_failed(inst: Instance | None, method: str, exc: Exception) -> ServeError:
-    """The env raised: an env bug or an outage behind it, never the model's fault (ENV-11)."""
-    if inst is not None:
-        inst.state = InstanceState.BROKEN
-    where = f"env {inst.env_name!r} " if inst is not None else "env "
-    return ServeError(500, "env_error", f"{where}{method}() raised {type(exc).__name__}: {exc}")
-
-
-async def _guarded(state: ServerState, inst: Instance, what: str, work: Callable[[], Awaitable[T]]) -> T:
-    """Run one handler's work on `inst` under the handler deadline (504 + destroy on expiry)."""
-    timeout = state.settings.handler_timeout_s
-    inst.busy += 1
-    try:
-        async with asyncio.timeout(timeout) as deadline:
-            return await work()
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        await state.destroy(inst, f"destroyed: {what} passed the {timeout:g}s handler deadline", "destroyed")
-        raise ServeError(
-            504,
-            "handler_timeout",
-            f"{what} on env {inst.env_name!r} did not finish within {timeout:g}s; the instance was "
-            "destroyed (create a new one)",
-        ) from None
-    except Overloaded as exc:
-        raise _busy(state, str(exc)) from None
-    finally:
-        inst.busy -= 1
-        inst.touch()
-
-
 def _add_routes(app: FastAPI, state: ServerState) -> None:
-    table, threads, settings = state.table, state.threads, state.settings
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -229,127 +136,26 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/envs")
     async def create(body: CreateRequest) -> CreateResponse:
-        try:
-            spec = get_spec(body.env)
-        except KeyError as err:
-            raise ServeError(422, "unknown_env", str(err)) from None
-        if not table.reserve():
-            raise _busy(state, f"the server holds its maximum of {table.max_instances} env instances")
-        try:
-            async with asyncio.timeout(settings.handler_timeout_s) as deadline:
-                env = await threads.run(lambda: spec.factory(**body.params), orphan=_close_late_env(state))
-        except TimeoutError as exc:
-            if not deadline.expired():  # the factory's own TimeoutError
-                raise _env_failed(None, f"{body.env!r} factory", exc) from None
-            raise ServeError(
-                504, "handler_timeout", f"building env {body.env!r} took over {settings.handler_timeout_s:g}s"
-            ) from None
-        except Overloaded as exc:
-            raise _busy(state, str(exc)) from None
-        except (TypeError, ValueError) as exc:  # the factory refused these params
-            raise ServeError(
-                422, "invalid_params", f"env {body.env!r} rejected params: {type(exc).__name__}: {exc}"
-            ) from None
-        except Exception as exc:
-            raise _env_failed(None, f"{body.env!r} factory", exc) from None
-        finally:
-            table.release()  # the slot is the instance's (added below, no await between) or free again
-        try:
-            stop_strings = [str(s) for s in getattr(env, "stop_strings", ())]
-            system_prompt = str(getattr(env, "system_prompt", "") or "")
-        except Exception as exc:
-            _close_late_env(state)(env)
-            raise _env_failed(None, f"{body.env!r} stop_strings/system_prompt", exc) from None
-        inst = table.add(body.env, env)
-        return CreateResponse(instance_id=inst.id, stop_strings=stop_strings, system_prompt=system_prompt)
+        return await do_create(state, body)
 
     @app.post("/v1/envs/{instance_id}/reset")
     async def reset(instance_id: str, body: ResetRequest) -> ObservationMsg:
-        inst = table.get(instance_id)
-
-        async def work() -> ObservationMsg:
-            async with inst.lock:
-                table.get(instance_id)  # closed while this call waited for the lock?
-                if inst.state is InstanceState.BROKEN:
-                    raise _broken()
-                task = task_from_wire(body.task)
-                try:
-                    obs = observation_to_wire(await call_env(threads, inst.env.reset, task, body.seed))
-                except Overloaded:
-                    raise
-                except Exception as exc:
-                    raise _env_failed(inst, "reset", exc) from None
-                inst.state, inst.seq, inst.last = InstanceState.READY, 0, None
-                return obs
-
-        return await _guarded(state, inst, "reset", work)
+        return await do_reset(state, instance_id, body)
 
     @app.post("/v1/envs/{instance_id}/step")
     async def step(instance_id: str, body: StepRequest) -> TransitionMsg:
-        inst = table.get(instance_id)
-
-        async def work() -> TransitionMsg:
-            async with inst.lock:
-                table.get(instance_id)
-                if body.seq == inst.seq and inst.last is not None:
-                    state.steps_replayed += 1
-                    return inst.last  # a retry of the step just applied: answer it again, apply nothing
-                _check_can_step(inst, body.seq)
-                try:
-                    msg = transition_to_wire(await call_env(threads, inst.env.step, body.action))
-                except Overloaded:
-                    raise
-                except Exception as exc:
-                    raise _env_failed(inst, "step", exc) from None
-                inst.seq, inst.last = body.seq, msg
-                if msg.terminated or msg.truncated:
-                    inst.state = InstanceState.DONE
-                return msg
-
-        return await _guarded(state, inst, "step", work)
+        return await do_step(state, instance_id, body)
 
     @app.delete("/v1/envs/{instance_id}")
     async def close(instance_id: str) -> ClosedResponse:
-        if table.is_gone(instance_id):
-            return ClosedResponse()  # closing twice is fine: a retried close must not fail
-        inst = table.get(instance_id)  # 404 if unknown
-        table.pop(instance_id, "closed by the client", "closed")
-        error = await close_quietly(threads, inst, settings.handler_timeout_s)
-        if error is not None:
-            raise ServeError(500, "env_error", f"env {inst.env_name!r} close() failed: {error}")
-        return ClosedResponse()
+        return await do_close(state, instance_id)
 
-
-def _broken() -> ServeError:
-    return ServeError(409, "instance_broken", "this env raised earlier; close it and create a new one")
-
-
-def _check_can_step(inst: Instance, seq: int) -> None:
-    if inst.state is InstanceState.CREATED:
-        raise ServeError(409, "not_reset", "step before reset: call POST /v1/envs/{id}/reset first")
-    if inst.state is InstanceState.DONE:
-        raise ServeError(
-            409, "episode_over", "the episode is over (terminated or truncated); reset for another"
-        )
-    if inst.state is InstanceState.BROKEN:
-        raise _broken()
-    if seq != inst.seq + 1:
-        raise ServeError(
-            409,
-            "seq_conflict",
-            f"step seq {seq} is out of order: the next step is seq {inst.seq + 1} (a repeat of {inst.seq} "
-            "replays its answer); seq restarts at 1 after each reset",
-        )
-
-
-def _close_late_env(state: ServerState) -> Callable[[Any], None]:
-    """For a factory that finished after its create call gave up: close the orphaned env."""
-
-    def orphan(env: Any) -> None:
-        inst = Instance(id="(orphan)", env_name=type(env).__name__, env=env)
-        state.spawn(close_quietly(state.threads, inst, state.settings.handler_timeout_s))
-
-    return orphan
+    @app.post("/v1/batch")
+    async def batch(body: BatchRequest) -> JSONResponse:
+        # Concurrent, like the same calls on separate connections; answered in call order.
+        results = await asyncio.gather(*(batch_call(state, call) for call in body.calls))
+        state.batch_calls += len(results)
+        return JSONResponse({"results": results})
 
 
 def build_app(settings: Settings) -> FastAPI:

@@ -1,0 +1,220 @@
+"""`Coalescer`: the create/reset/step/close calls of many `RemoteEnv`s on one loop, sent as one request.
+
+Why: in the agent loop the engine answers a whole batch of episodes at once and every episode
+then calls `env.step` in the same event-loop tick. Sent one request each, those calls queue on
+per-request CPU (HTTP parsing, routing, JSON on both sides: ~2 ms a call); sent as one
+`POST /v1/batch` they share that cost. The window is a few `loop.call_soon` ticks, never a
+wall-clock delay, so a lone call is sent at once and pays no added latency.
+
+Each call gets back an `Answer`: the status and body its single route would have answered
+(for a batch refused as a whole, e.g. a 503 or 413, every call gets that answer), or the
+transport exception (httpx) of the batch request, raised in each caller, whose own retry loop
+then decides (a step is retried with its seq, which the server de-duplicates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from steprl.serving.client_pool import ClientPool
+from steprl.serving.protocol import MAX_BATCH_CALLS
+
+_MAX_RETRY_AFTER_S = 60.0
+_Key = tuple[str, tuple[tuple[str, str], ...]]  # (server URL, request headers)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One call's answer: HTTP `status`, decoded JSON `data` (None: not JSON, see `text`)."""
+
+    status: int
+    data: Any
+    text: str = ""
+    retry_after_s: float = 0.0
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def retry_after(headers: Mapping[str, str]) -> float:
+    try:
+        value = float(headers.get("retry-after", headers.get("Retry-After", 0)))
+        return min(max(value, 0.0), _MAX_RETRY_AFTER_S)
+    except ValueError:  # an HTTP date: not sent by our server; fall back to the backoff
+        return 0.0
+
+
+def answer_from(response: httpx.Response) -> Answer:
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    return Answer(
+        response.status_code,
+        data,
+        response.text[:200] or response.reason_phrase,
+        retry_after(response.headers),
+    )
+
+
+@dataclass
+class _Call:
+    item: bytes  # the call's JSON, serialized once by its caller
+    deadline: float  # loop time; the batch request waits no longer than its latest call
+    future: asyncio.Future[Answer]
+
+
+@dataclass
+class Counter:
+    """Batches sent, over every loop (a test and benchmark counter)."""
+
+    batches_sent: int = 0
+
+
+@dataclass
+class Coalescer:
+    """Collects the calls made to one server on one loop and sends each tick's calls as one batch.
+
+    `ticks`: loop iterations a window stays open (ready callbacks of other episodes run first).
+    `max_calls` / `max_bytes`: one request's bounds; a fuller window is split into several.
+    """
+
+    url: str
+    headers: Mapping[str, str]
+    clients: ClientPool
+    ticks: int = 2
+    max_calls: int = MAX_BATCH_CALLS
+    max_bytes: int = 512 * 1024
+    counter: Counter = field(default_factory=Counter)
+    _pending: list[_Call] = field(default_factory=list)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def call(
+        self, instance_id: str, op: str, body: Mapping[str, Any] | None, timeout_s: float
+    ) -> Answer:
+        """The answer to `op` on `instance_id`, sent in the current window's batch."""
+        loop = asyncio.get_running_loop()
+        item = json.dumps({"instance_id": instance_id, "op": op, "body": dict(body or {})}).encode()
+        fut: asyncio.Future[Answer] = loop.create_future()
+        if not self._pending:
+            loop.call_soon(self._tick, loop, self.ticks - 1)
+        self._pending.append(_Call(item, loop.time() + timeout_s, fut))
+        if len(self._pending) >= self.max_calls:
+            self._flush(loop)
+        return await fut
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, left: int) -> None:
+        if left > 0 and self._pending:
+            loop.call_soon(self._tick, loop, left - 1)
+        else:
+            self._flush(loop)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        calls = [c for c in self._pending if not c.future.done()]  # a caller that gave up is dropped
+        self._pending = []
+        batch: list[_Call] = []
+        size = 0
+        for c in calls:
+            if batch and size + len(c.item) > self.max_bytes:
+                self._send_soon(loop, batch)
+                batch, size = [], 0
+            batch.append(c)
+            size += len(c.item) + 1
+        if batch:
+            self._send_soon(loop, batch)
+
+    def _send_soon(self, loop: asyncio.AbstractEventLoop, batch: list[_Call]) -> None:
+        task = loop.create_task(self._send(loop, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, loop: asyncio.AbstractEventLoop, batch: list[_Call]) -> None:
+        self.counter.batches_sent += 1
+        content = b'{"calls":[' + b",".join(c.item for c in batch) + b"]}"
+        timeout = max(0.001, max(c.deadline for c in batch) - loop.time())
+        client = self.clients.acquire(self.url)
+        try:
+            response = await client.post(
+                self.url + "/v1/batch",
+                content=content,
+                headers={**self.headers, "Content-Type": "application/json"},
+                timeout=timeout,
+            )
+            if response.status_code == 413 and len(batch) > 1:
+                # Over the server's body cap together, not necessarily alone: halve and resend.
+                half = len(batch) // 2
+                self._send_soon(loop, batch[:half])
+                self._send_soon(loop, batch[half:])
+                return
+            answers = _split(response, len(batch))
+        except BaseException as exc:  # transport failures (and cancellation at loop shutdown)
+            failure = exc if isinstance(exc, Exception) else httpx.TransportError("the batch was cancelled")
+            for c in batch:
+                if not c.future.done():
+                    c.future.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        finally:
+            await self.clients.release(loop, client)
+        for c, answer in zip(batch, answers, strict=True):
+            if not c.future.done():
+                c.future.set_result(answer)
+
+
+def _split(response: httpx.Response, n: int) -> list[Answer]:
+    """Each call's answer: the batch's items, or the batch's own answer when it was refused."""
+    whole = answer_from(response)
+    if whole.status != 200:
+        return [whole] * n
+    results = whole.data.get("results") if isinstance(whole.data, dict) else None
+    if not isinstance(results, list) or len(results) != n:
+        bad = Answer(200, None, f"malformed /v1/batch answer: expected {n} results")
+        return [bad] * n
+    out = []
+    for r in results:
+        if not isinstance(r, dict) or not isinstance(r.get("status"), int):
+            out.append(Answer(200, None, "malformed /v1/batch result"))
+            continue
+        headers = r.get("headers") if isinstance(r.get("headers"), dict) else {}
+        out.append(Answer(r["status"], r.get("body"), "", retry_after(headers or {})))
+    return out
+
+
+class Coalescers:
+    """One `Coalescer` per (event loop, server URL): httpx clients and futures belong to a loop."""
+
+    def __init__(self, clients: ClientPool, **options: Any) -> None:
+        self.clients = clients
+        self.options = options
+        self.counter = Counter()
+        self._lock = threading.Lock()
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_Key, Coalescer]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self, url: str, headers: Mapping[str, str]) -> Coalescer:
+        """The running loop's coalescer for `url` (and these headers: the token is part of the key)."""
+        loop = asyncio.get_running_loop()
+        key: _Key = (url, tuple(sorted(headers.items())))
+        with self._lock:
+            per_url = self._by_loop.setdefault(loop, {})
+            found = per_url.get(key)
+            if found is None:
+                found = per_url[key] = Coalescer(
+                    url, dict(headers), self.clients, counter=self.counter, **self.options
+                )
+            return found
+
+    @property
+    def batches_sent(self) -> int:
+        return self.counter.batches_sent

@@ -1,0 +1,184 @@
+"""POST /v1/batch and the client's coalescer: batched calls mean exactly what single calls mean,
+and the calls of many episodes stepping in the same loop tick travel in few requests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from http_helpers import fault_task, http, metrics, start_server, wire_task
+
+from steprl.serving.client import HttpEnvBackend, RetryPolicy
+from steprl.serving.protocol import MAX_BATCH_CALLS
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server(max_instances=64, handler_timeout_s=2.0) as s:
+        yield s
+
+
+def _create(c: httpx.Client, **params: Any) -> str:
+    r = c.post("/v1/envs", json={"env": "fault_count", "params": params})
+    assert r.status_code == 200, r.text
+    instance_id: str = r.json()["instance_id"]
+    return instance_id
+
+
+def _batch(c: httpx.Client, *calls: tuple[str, str, dict[str, Any]]) -> list[dict[str, Any]]:
+    r = c.post("/v1/batch", json={"calls": [{"instance_id": i, "op": op, "body": b} for i, op, b in calls]})
+    assert r.status_code == 200, r.text
+    results: list[dict[str, Any]] = r.json()["results"]
+    assert len(results) == len(calls)
+    return results
+
+
+def _single(c: httpx.Client, instance_id: str, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    if op == "close":
+        r = c.delete(f"/v1/envs/{instance_id}")
+    else:
+        r = c.post(f"/v1/envs/{instance_id}/{op}", json=body)
+    return {"status": r.status_code, "body": r.json()}
+
+
+def _shape(result: dict[str, Any]) -> tuple[int, Any]:
+    """Status and answer, or status and error type (messages name the instance)."""
+    body = result["body"]
+    return result["status"], body["error"]["type"] if "error" in body else body
+
+
+def test_batched_calls_answer_what_the_single_routes_answer(server):
+    reset = {"task": wire_task(), "seed": 0}
+    script = [
+        ("step", {"action": "a", "seq": 1}),  # before reset: 409 not_reset
+        ("reset", reset),
+        ("step", {"action": "a", "seq": 1}),
+        ("step", {"action": "a", "seq": 1}),  # a repeat: the cached answer
+        ("step", {"action": "b", "seq": 3}),  # out of order: 409 seq_conflict
+        ("step", {"action": "b"}),  # no seq: 422
+        ("step", {"action": "b", "seq": 2}),  # the episode (length 2) ends
+        ("step", {"action": "c", "seq": 3}),  # 409 episode_over
+        ("close", {}),
+        ("close", {}),  # closing twice is fine
+        ("step", {"action": "c", "seq": 3}),  # 409 instance_closed
+    ]
+    with http(server) as c:
+        one, many = _create(c, episode_len=2), _create(c, episode_len=2)
+        singles = [_single(c, one, op, body) for op, body in script]
+        batched = [_batch(c, (many, op, body))[0] for op, body in script]
+    assert [_shape(r) for r in batched] == [_shape(r) for r in singles]
+    assert [r["status"] for r in batched] == [409, 200, 200, 200, 409, 422, 200, 409, 200, 200, 409]
+
+
+def test_a_duplicate_step_in_one_batch_and_across_batches_is_applied_once(server):
+    with http(server) as c:
+        a, b = _create(c, episode_len=5), _create(c, episode_len=5)
+        replayed0 = metrics(server)["steps_replayed"]
+        _batch(
+            c, (a, "reset", {"task": wire_task(), "seed": 0}), (b, "reset", {"task": wire_task(), "seed": 0})
+        )
+        step1 = {"action": "x", "seq": 1}
+        first = _batch(c, (a, "step", step1), (a, "step", step1), (b, "step", step1))
+        assert [r["body"]["observation"] for r in first] == ["applied 1", "applied 1", "applied 1"]
+        again = _batch(c, (a, "step", step1), (b, "step", {"action": "y", "seq": 2}))
+        assert again[0] == first[0] and again[1]["body"]["observation"] == "applied 2"
+        assert metrics(server)["steps_replayed"] == replayed0 + 2
+        closed = _batch(c, (a, "close", {}), (b, "close", {}))
+        assert [r["status"] for r in closed] == [200, 200]
+
+
+def test_mixed_items_get_their_own_status_and_the_batch_is_200(server):
+    with http(server) as c:
+        ok = _create(c, episode_len=3)
+        _single(c, ok, "reset", {"task": wire_task(), "seed": 0})
+        results = _batch(
+            c,
+            (ok, "step", {"action": "x", "seq": 1}),
+            ("0123456789abcdef", "step", {"action": "x", "seq": 1}),
+            (ok, "step", {"action": "x", "seq": 1, "extra": True}),
+            ("0123456789abcdef", "close", {}),
+        )
+        assert [_shape(r)[0] for r in results] == [200, 404, 422, 404]
+        assert [_shape(r)[1] for r in results[1:]] == ["not_found", "validation_error", "not_found"]
+        assert results[0]["body"]["observation"] == "applied 1"
+        assert _batch(c, (ok, "close", {}))[0]["status"] == 200
+        # The batch itself: the same auth and body validation as every route.
+        assert httpx.post(f"{server.url}/v1/batch", json={"calls": []}, trust_env=False).status_code == 401
+        assert c.post("/v1/batch", json={"calls": []}).status_code == 422
+        too_many = [{"instance_id": ok, "op": "close", "body": {}}] * (MAX_BATCH_CALLS + 1)
+        assert c.post("/v1/batch", json={"calls": too_many}).status_code == 422
+        assert c.post("/v1/batch", json={"calls": [{"instance_id": ok, "op": "fly"}]}).status_code == 422
+
+
+async def _episodes(backend: HttpEnvBackend, n: int, steps: int) -> list[list[str]]:
+    async def one(i: int) -> list[str]:
+        env = backend.make_env(fault_task(i=i))
+        try:
+            out = [(await env.reset(fault_task(i=i), i)).text]
+            for k in range(steps):
+                out.append((await env.step(f"a{k}")).observation)
+            return out
+        finally:
+            await env.close()
+
+    return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_episodes_stepping_together_share_few_requests(server, coalesce):
+    n, steps = 32, 4
+    retry = RetryPolicy(max_attempts=3, base_s=0.01)
+    backend = HttpEnvBackend(
+        server.url, server.token, "fault_count", {"episode_len": 10}, retry=retry, coalesce=coalesce
+    )
+    before = metrics(server)
+    got = asyncio.run(_episodes(backend, n, steps))
+    after = metrics(server)
+    assert got == [[f"ready fault_count-{i}"] + [f"applied {k + 1}" for k in range(steps)] for i in range(n)]
+    calls = n * (steps + 3)  # create, reset, steps, close per episode
+    requests = after["requests"] - before["requests"] - 1  # less the metrics request itself
+    batched = after["batch_calls"] - before["batch_calls"]
+    if coalesce:
+        assert batched == calls
+        # Every episode steps in the same tick: about one request per round.
+        assert requests <= 2 * (steps + 3), requests
+        assert backend.coalescers is not None and backend.coalescers.batches_sent == requests
+        assert backend.clients.opened <= 2  # batches, not episodes, hold connections
+    else:
+        assert batched == 0 and requests == calls
+    assert after["instances_live"] == before["instances_live"]
+
+
+def test_batched_creates_answer_what_the_create_route_answers(server):
+    with http(server) as c:
+        good, unknown, bad_params = (
+            {"env": "fault_count", "params": {"episode_len": 1}},
+            {"env": "no_such_env"},
+            {"env": "fault_count", "params": {"no_such_param": 1}},
+        )
+        singles = [c.post("/v1/envs", json=b) for b in (good, unknown, bad_params)]
+        batched = _batch(c, ("", "create", good), ("", "create", unknown), ("", "create", bad_params))
+        assert [r["status"] for r in batched] == [r.status_code for r in singles] == [200, 422, 422]
+        assert [_shape(r)[1] for r in batched[1:]] == [r.json()["error"]["type"] for r in singles[1:]]
+        for instance_id in (singles[0].json()["instance_id"], batched[0]["body"]["instance_id"]):
+            assert c.delete(f"/v1/envs/{instance_id}").status_code == 200
+
+
+def test_a_batch_over_the_body_cap_is_split_not_failed():
+    with start_server(max_body_bytes=4096) as srv:
+        backend = HttpEnvBackend(srv.url, srv.token, "fault_count", {"episode_len": 3})
+
+        async def two() -> list[str]:
+            envs = [backend.make_env(fault_task(i=i)) for i in range(2)]
+            try:
+                await asyncio.gather(*(e.reset(fault_task(i=i), i) for i, e in enumerate(envs)))
+                big = "x" * 3000  # one step fits under the cap, two in one batch do not
+                return [t.observation for t in await asyncio.gather(*(e.step(big) for e in envs))]
+            finally:
+                await asyncio.gather(*(e.close() for e in envs))
+
+        assert asyncio.run(two()) == ["applied 1", "applied 1"]
+        # create, reset, the refused pair of steps and its two halves, close
+        assert backend.coalescers is not None and backend.coalescers.batches_sent == 6
