@@ -9,7 +9,8 @@ reset, stepped `--steps` times and closed, and every `step` call is timed.
         [--concurrency 1,16,64] [--episodes 256] [--steps 8]
 
 Target (issue 5): HTTP adds at most 2 ms at p50 and 10 ms at p99 over in-process at
-concurrency 16 on loopback. Numbers on a shared 2-core machine are noisy: compare ratios
+concurrency 16 on loopback. The HTTP client coalesces the calls made in one event-loop tick
+into one `POST /v1/batch` (see docs/scaling.md). Numbers on a shared 2-core machine are noisy: compare ratios
 measured in one run.
 """
 
