@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from steprl.serving.client_pool import ClientPool
+from steprl.serving.plain_http import PlainHttp
 from steprl.serving.protocol import MAX_BATCH_CALLS
 
 _MAX_RETRY_AFTER_S = 60.0
@@ -96,6 +97,7 @@ class Coalescer:
     max_bytes: int = 512 * 1024
     counter: Counter = field(default_factory=Counter)
     _pending: list[_Call] = field(default_factory=list)
+    _plain: PlainHttp | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def call(
@@ -111,6 +113,14 @@ class Coalescer:
         if len(self._pending) >= self.max_calls:
             self._flush(loop)
         return await fut
+
+    def _plain_http(self, loop: asyncio.AbstractEventLoop) -> PlainHttp | None:
+        """The loop's keep-alive client for plain http:// (None: use httpx, e.g. for https)."""
+        if self._plain is None and self.url.startswith("http://"):
+            self._plain = PlainHttp(self.url, self.headers)
+            # asyncio.run cancels pending tasks before it closes the loop: close connections then
+            self._tasks.add(loop.create_task(_close_at_shutdown(self._plain)))
+        return self._plain
 
     def _tick(self, loop: asyncio.AbstractEventLoop, left: int) -> None:
         if left > 0 and self._pending:
@@ -141,14 +151,21 @@ class Coalescer:
         self.counter.batches_sent += 1
         content = b'{"calls":[' + b",".join(c.item for c in batch) + b"]}"
         timeout = max(0.001, max(c.deadline for c in batch) - loop.time())
-        client = self.clients.acquire(self.url)
+        plain = self._plain_http(loop)
+        client = self.clients.acquire(self.url) if plain is None else None
         try:
-            response = await client.post(
-                self.url + "/v1/batch",
-                content=content,
-                headers={**self.headers, "Content-Type": "application/json"},
-                timeout=timeout,
-            )
+            if plain is not None:
+                response = await plain.post(
+                    "/v1/batch", content, content_type="application/json", timeout=timeout
+                )
+            else:
+                assert client is not None
+                response = await client.post(
+                    self.url + "/v1/batch",
+                    content=content,
+                    headers={**self.headers, "Content-Type": "application/json"},
+                    timeout=timeout,
+                )
             if response.status_code == 413 and len(batch) > 1:
                 # Over the server's body cap together, not necessarily alone: halve and resend.
                 half = len(batch) // 2
@@ -165,10 +182,18 @@ class Coalescer:
                 raise
             return
         finally:
-            await self.clients.release(loop, client)
+            if client is not None:
+                await self.clients.release(loop, client)
         for c, answer in zip(batch, answers, strict=True):
             if not c.future.done():
                 c.future.set_result(answer)
+
+
+async def _close_at_shutdown(plain: PlainHttp) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await plain.aclose()
 
 
 def _split(response: httpx.Response, n: int) -> list[Answer]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import queue
@@ -230,10 +231,16 @@ class WorkerThreads:
                 self._idle += 1
 
 
+@functools.lru_cache(maxsize=1024)
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn)
+
+
 async def call_env(threads: WorkerThreads, method: Callable[..., Any], *args: Any) -> Any:
     """Call an env method: awaited on the loop if async, else on a worker thread (then awaited
     if it returned an awaitable, as the `Env` protocol allows)."""
-    if inspect.iscoroutinefunction(method):
+    # inspect per call was ~10% of a trivial step's server time: cache it per function
+    if _is_async(getattr(method, "__func__", method)):
         return await method(*args)
     result = await threads.run(method, *args)
     if inspect.isawaitable(result):

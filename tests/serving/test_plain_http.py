@@ -1,0 +1,120 @@
+"""`PlainHttp`, the keep-alive client of the batch route: reuse, stale connections, bad answers.
+
+A small asyncio TCP server on loopback plays the server, so each behaviour is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from steprl.serving.plain_http import PlainHttp
+
+
+async def _serve(answers: list[bytes], *, close_after_each: bool = False):
+    """A server that reads one request per answer (headers + Content-Length body) and replies."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                writer.write(answers.pop(0))
+                await writer.drain()
+                if close_after_each:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, port, connections
+
+
+def _ok(body: bytes = b'{"ok":1}') -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+
+def test_keeps_the_connection_alive_and_sends_headers() -> None:
+    async def go():
+        server, port, connections = await _serve([_ok(), _ok(b'{"ok":2}')])
+        async with server:
+            client = PlainHttp(f"http://127.0.0.1:{port}", {"Authorization": "Bearer t"})
+            first = await client.post("/v1/batch", b"{}", content_type="application/json", timeout=5)
+            second = await client.post("/v1/batch", b"{}", content_type="application/json", timeout=5)
+            await client.aclose()
+            return first, second, connections
+
+    first, second, connections = asyncio.run(go())
+    assert first.status_code == 200 and first.json() == {"ok": 1} and second.json() == {"ok": 2}
+    assert len(connections) == 1  # one kept-alive connection for both requests
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
+    async def go():
+        server, port, connections = await _serve([_ok(), _ok()], close_after_each=True)
+        async with server:
+            client = PlainHttp(f"http://127.0.0.1:{port}", {})
+            await client.post("/x", b"{}", content_type="application/json", timeout=5)
+            await asyncio.sleep(0.1)  # the server's FIN arrives: the idle connection is at EOF
+            again = await client.post("/x", b"{}", content_type="application/json", timeout=5)
+            await client.aclose()
+            return again, connections
+
+    again, connections = asyncio.run(go())
+    assert again.status_code == 200 and len(connections) == 2
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"garbage\r\n\r\n", httpx.ReadError),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nshort", httpx.ReadError),
+    ],
+)
+def test_malformed_or_cut_answers_are_transport_errors(answer, error) -> None:
+    async def go():
+        server, port, _ = await _serve([answer], close_after_each=True)
+        async with server:
+            client = PlainHttp(f"http://127.0.0.1:{port}", {})
+            with pytest.raises(error):
+                await client.post("/x", b"{}", content_type="application/json", timeout=5)
+            assert client._idle == []  # a broken connection is never reused
+
+    asyncio.run(go())
+
+
+def test_no_answer_is_a_read_timeout_and_no_server_a_connect_error() -> None:
+    async def go():
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(5)  # holds the connection, never answers
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            client = PlainHttp(f"http://127.0.0.1:{port}", {})
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/x", b"{}", content_type="application/json", timeout=0.2)
+        with pytest.raises(httpx.ConnectError):
+            await PlainHttp(f"http://127.0.0.1:{port}", {}).post("/x", b"", content_type="a/b", timeout=1)
+
+    asyncio.run(go())
+
+
+def test_only_plain_http_urls() -> None:
+    with pytest.raises(ValueError, match="plain http"):
+        PlainHttp("https://127.0.0.1:1", {})
