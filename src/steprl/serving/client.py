@@ -245,8 +245,7 @@ class RemoteEnv:
             per_try = min(remaining, self.retry.attempt_timeout_s or remaining)
             retry_after = 0.0
             try:
-                async with asyncio.timeout(per_try):
-                    answer = await self._attempt(method, path, body, op, per_try)
+                answer = await self._attempt(method, path, body, op, per_try)
             except (TimeoutError, httpx.TimeoutException):
                 last = EnvTimeout(f"{what}: no answer within {per_try:.3g}s (try {attempt})")
                 self._unreachable = False
@@ -284,14 +283,16 @@ class RemoteEnv:
     async def _attempt(
         self, method: str, path: str, body: Mapping[str, Any] | None, op: str, timeout_s: float
     ) -> Answer:
-        """One try: through the loop's coalescer, else a request of its own."""
+        """One try within `timeout_s` (else `TimeoutError`): through the loop's coalescer, which
+        enforces each call's deadline, else a request of its own."""
         if self._coalescers is not None and op in _COALESCED:
             coalescer = self._coalescers.get(self.url, self._headers)
             return await coalescer.call(self._id or "", op, body, timeout_s)
         assert self._client is not None, "the client is acquired by _create()"
-        response = await self._client.request(
-            method, self.url + path, json=body, headers=self._headers, timeout=timeout_s
-        )
+        async with asyncio.timeout(timeout_s):
+            response = await self._client.request(
+                method, self.url + path, json=body, headers=self._headers, timeout=timeout_s
+            )
         return answer_from(response)
 
 

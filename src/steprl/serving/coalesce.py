@@ -20,12 +20,13 @@ import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import httpx
 
 from steprl.serving.client_pool import ClientPool
-from steprl.serving.plain_http import PlainHttp
+from steprl.serving.plain_http import PlainHttp, Reply
 from steprl.serving.protocol import MAX_BATCH_CALLS
 
 _MAX_RETRY_AFTER_S = 60.0
@@ -54,17 +55,23 @@ def retry_after(headers: Mapping[str, str]) -> float:
         return 0.0
 
 
-def answer_from(response: httpx.Response) -> Answer:
+def answer_from(response: httpx.Response | Reply) -> Answer:
+    status = response.status_code
     try:
-        data = response.json()
+        data = json.loads(response.content)
     except ValueError:
         data = None
-    return Answer(
-        response.status_code,
-        data,
-        response.text[:200] or response.reason_phrase,
-        retry_after(response.headers),
-    )
+    text = ""  # for error messages only: not decoded for a JSON success (a whole batch's answer)
+    if data is None or not 200 <= status < 300:
+        text = response.content[:200].decode("utf-8", errors="replace") or _reason(status)
+    return Answer(status, data, text, retry_after(response.headers))
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"
 
 
 @dataclass
@@ -103,7 +110,8 @@ class Coalescer:
     async def call(
         self, instance_id: str, op: str, body: Mapping[str, Any] | None, timeout_s: float
     ) -> Answer:
-        """The answer to `op` on `instance_id`, sent in the current window's batch."""
+        """The answer to `op` on `instance_id`, sent in the current window's batch; raises
+        `TimeoutError` when none came within `timeout_s`."""
         loop = asyncio.get_running_loop()
         item = json.dumps({"instance_id": instance_id, "op": op, "body": dict(body or {})}).encode()
         fut: asyncio.Future[Answer] = loop.create_future()
@@ -151,8 +159,10 @@ class Coalescer:
         self.counter.batches_sent += 1
         content = b'{"calls":[' + b",".join(c.item for c in batch) + b"]}"
         timeout = max(0.001, max(c.deadline for c in batch) - loop.time())
+        expiry = _Expiry(loop, batch)
         plain = self._plain_http(loop)
         client = self.clients.acquire(self.url) if plain is None else None
+        response: httpx.Response | Reply
         try:
             if plain is not None:
                 response = await plain.post(
@@ -182,11 +192,39 @@ class Coalescer:
                 raise
             return
         finally:
+            expiry.cancel()
             if client is not None:
                 await self.clients.release(loop, client)
         for c, answer in zip(batch, answers, strict=True):
             if not c.future.done():
                 c.future.set_result(answer)
+
+
+class _Expiry:
+    """Each call's own deadline inside a batch: one timer, at the earliest deadline still open.
+
+    The batch request waits as long as its latest call may; a call whose deadline passes first
+    gets `TimeoutError` then (its caller's retry loop takes over), the others keep waiting. One
+    timer per batch instead of a timeout per call: calls of one tick share a deadline.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, batch: list[_Call]) -> None:
+        self.loop = loop
+        self.batch = batch
+        self.handle = loop.call_at(min(c.deadline for c in batch), self._fire)
+
+    def _fire(self) -> None:
+        now = self.loop.time()
+        open_calls = [c for c in self.batch if not c.future.done()]
+        for c in open_calls:
+            if c.deadline <= now:
+                c.future.set_exception(TimeoutError())
+        later = [c.deadline for c in open_calls if c.deadline > now]
+        if later:
+            self.handle = self.loop.call_at(min(later), self._fire)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 async def _close_at_shutdown(plain: PlainHttp) -> None:
@@ -196,7 +234,7 @@ async def _close_at_shutdown(plain: PlainHttp) -> None:
         await plain.aclose()
 
 
-def _split(response: httpx.Response, n: int) -> list[Answer]:
+def _split(response: httpx.Response | Reply, n: int) -> list[Answer]:
     """Each call's answer: the batch's items, or the batch's own answer when it was refused."""
     whole = answer_from(response)
     if whole.status != 200:

@@ -21,10 +21,7 @@ from steprl.serving.instances import (
     Instance,
     InstanceState,
     InstanceTable,
-    Overloaded,
     ServeError,
-    WorkerThreads,
-    call_env,
     close_quietly,
 )
 from steprl.serving.protocol import (
@@ -43,6 +40,7 @@ from steprl.serving.protocol import (
     transition_to_wire,
 )
 from steprl.serving.settings import Settings
+from steprl.serving.threads import Overloaded, WorkerThreads, call_env
 
 logger = logging.getLogger("steprl.serving.server")
 T = TypeVar("T")

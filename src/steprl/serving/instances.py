@@ -1,34 +1,29 @@
-"""The env server's state: live env instances, their lifecycle, and the threads env calls run on.
+"""The env server's state: live env instances and their lifecycle.
 
 An `Instance` is one env object plus what the server needs to serve it safely: a lock (one
 call at a time per instance), its episode state (created -> ready -> done, or broken), the
 idempotency record of its last step, and when it was last used (for the idle reaper).
 `InstanceTable` owns the instances, the max-instances cap and the tombstones that let a call on
-a closed instance get a precise 409 instead of a vague 404. `WorkerThreads` runs blocking env
-methods off the event loop, so a hung env never stalls other clients.
+a closed instance get a precise 409 instead of a vague 404. Env calls run on `WorkerThreads`
+(`threads.py`), so a hung env never stalls other clients.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import inspect
 import logging
-import queue
-import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 from steprl.serving.protocol import TransitionMsg
+from steprl.serving.threads import Overloaded, WorkerThreads, call_env
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class ServeError(Exception):
@@ -146,106 +141,6 @@ class InstanceTable:
         """Instances with no call in flight and unused for more than `ttl_s` seconds."""
         cutoff = time.monotonic() - ttl_s
         return [i for i in self._live.values() if i.busy == 0 and i.last_used < cutoff]
-
-
-class Overloaded(Exception):
-    """Every worker thread is busy (possibly with hung env calls): the server answers 503."""
-
-
-class WorkerThreads:
-    """Runs blocking env calls on daemon threads, at most `limit` calls in flight at once.
-
-    Daemon threads rather than a ThreadPoolExecutor: a hung env call cannot be cancelled, and an
-    executor's threads are joined at interpreter exit (as is asyncio's default executor when its
-    loop closes), so a single hung call would block shutdown forever. Threads are reused: a
-    finished thread waits `idle_s` for the next call before it exits, because starting a thread
-    per call cost more than the rest of a trivial env's request (measured: ~1/3 of the server's
-    CPU per step). A call whose caller gave up keeps its thread until the env returns and keeps
-    counting against `limit`; `orphan` then receives its result (e.g. an env built too late).
-    """
-
-    def __init__(self, limit: int, *, idle_s: float = 1.0) -> None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
-        self.limit = limit
-        self.idle_s = idle_s
-        self._alive = 0  # calls in flight (running or queued for a thread)
-        self._idle = 0  # threads waiting for a call and not yet promised one
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-
-    @property
-    def alive(self) -> int:
-        return self._alive
-
-    async def run(self, fn: Callable[..., T], *args: Any, orphan: Callable[[T], None] | None = None) -> T:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._alive >= self.limit:
-                raise Overloaded(f"all {self.limit} env worker threads are busy")
-            self._alive += 1
-            spawn = self._idle == 0
-            if not spawn:
-                self._idle -= 1  # that thread is promised this call
-        future: asyncio.Future[T] = loop.create_future()
-
-        def deliver(result: T | None, error: BaseException | None) -> None:
-            if future.cancelled():
-                if error is None and orphan is not None:
-                    orphan(result)  # type: ignore[arg-type]
-            elif error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]
-
-        def work() -> None:
-            result: T | None = None
-            error: BaseException | None = None
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                error = exc
-            finally:
-                with self._lock:
-                    self._alive -= 1
-            with contextlib.suppress(RuntimeError):  # the loop is closed (shut down): nobody waits
-                loop.call_soon_threadsafe(deliver, result, error)
-
-        self._jobs.put(work)
-        if spawn:
-            threading.Thread(target=self._serve, name="steprl-env-call", daemon=True).start()
-        return await future
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=self.idle_s)
-            except queue.Empty:
-                with self._lock:
-                    if self._idle > 0:  # no call was promised to an idle thread: this one may go
-                        self._idle -= 1
-                        return
-                continue  # a call was promised to "an idle thread": stay for it
-            job()
-            with self._lock:
-                self._idle += 1
-
-
-@functools.lru_cache(maxsize=1024)
-def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn)
-
-
-async def call_env(threads: WorkerThreads, method: Callable[..., Any], *args: Any) -> Any:
-    """Call an env method: awaited on the loop if async, else on a worker thread (then awaited
-    if it returned an awaitable, as the `Env` protocol allows)."""
-    # inspect per call was ~10% of a trivial step's server time: cache it per function
-    if _is_async(getattr(method, "__func__", method)):
-        return await method(*args)
-    result = await threads.run(method, *args)
-    if inspect.isawaitable(result):
-        return await result
-    return result
 
 
 async def close_quietly(threads: WorkerThreads, inst: Instance, timeout_s: float) -> str | None:

@@ -12,7 +12,7 @@ The semantics follow reference/reliability.md §2.2 and §5.2:
 
 * every handler runs under a deadline; a call that passes it is answered 504 and its instance
   is destroyed (a stuck env is never reused). Sync env methods run on worker threads
-  (`instances.WorkerThreads`) so a hung env blocks only its own call; async ones are awaited.
+  (`threads.WorkerThreads`) so a hung env blocks only its own call; async ones are awaited.
 * one call at a time per instance; a step carries `seq`, its idempotency key: a repeat of the
   last applied `seq` gets the cached answer and is not applied again (a retried "send email"
   sends one email). Any other out-of-order seq is a 409.
@@ -20,8 +20,8 @@ The semantics follow reference/reliability.md §2.2 and §5.2:
   at the instance cap, 500 `env_error` when the env itself raises: message only, no traceback).
 * an idle reaper destroys instances whose client vanished without closing them.
 * security (host allowlist, bearer token, body cap, header deadline) is in `security.py`,
-  the instance table, worker threads and reaper in `instances.py`, `Settings` in `settings.py`,
-  what reset/step/close do (single or batched) in `handlers.py`.
+  the instance table and reaper in `instances.py`, the worker threads in `threads.py`,
+  `Settings` in `settings.py`, what reset/step/close do (single or batched) in `handlers.py`.
 """
 
 from __future__ import annotations
@@ -53,12 +53,7 @@ from steprl.serving.handlers import (
     do_step,
     invalid_message,
 )
-from steprl.serving.instances import (
-    InstanceTable,
-    ServeError,
-    WorkerThreads,
-    reap_forever,
-)
+from steprl.serving.instances import InstanceTable, ServeError, reap_forever
 from steprl.serving.protocol import (
     BatchRequest,
     ClosedResponse,
@@ -72,6 +67,7 @@ from steprl.serving.protocol import (
     TransitionMsg,
 )
 from steprl.serving.settings import Settings
+from steprl.serving.threads import WorkerThreads
 
 __all__ = ["Settings", "build_app", "serve", "uvicorn_config"]
 
