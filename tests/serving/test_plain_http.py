@@ -118,3 +118,37 @@ def test_no_answer_is_a_read_timeout_and_no_server_a_connect_error() -> None:
 def test_only_plain_http_urls() -> None:
     with pytest.raises(ValueError, match="plain http"):
         PlainHttp("https://127.0.0.1:1", {})
+
+
+def test_each_call_in_a_batch_keeps_its_own_deadline() -> None:
+    """A call whose deadline passes first times out then; the batch waits for the later one."""
+    from steprl.serving.client_pool import ClientPool
+    from steprl.serving.coalesce import Coalescer
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        got_request = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            got_request.set()
+            await asyncio.sleep(30)  # never answers
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            coalescer = Coalescer(f"http://127.0.0.1:{port}", {}, ClientPool())
+            t0 = loop.time()
+            short = asyncio.ensure_future(coalescer.call("a", "step", {"action": "x", "seq": 1}, 0.2))
+            long = asyncio.ensure_future(coalescer.call("b", "step", {"action": "y", "seq": 1}, 1.5))
+            with pytest.raises(TimeoutError):
+                await short
+            short_at = loop.time() - t0
+            assert got_request.is_set() and coalescer.counter.batches_sent == 1  # one batch for both
+            assert not long.done()
+            with pytest.raises((TimeoutError, httpx.TimeoutException)):
+                await long
+            return short_at, loop.time() - t0
+
+    short_at, long_at = asyncio.run(go())
+    assert 0.15 < short_at < 1.0 and long_at >= 1.4
