@@ -50,8 +50,13 @@ RUNTIMES = {
 def _run(tmp_path, name: str, extra: list[str]) -> TrainResult:
     cfg = load_config(
         "configs/calculator_tiny.yaml",
-        [*SMALL, f"run.output_dir={tmp_path / 'runs'}", f"run.name={name}",
-         f"model.cache_dir={tmp_path / 'cache'}", *extra],  # fmt: skip
+        [
+            *SMALL,
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.name={name}",
+            f"model.cache_dir={tmp_path / 'cache'}",
+            *extra,
+        ],  # fmt: skip
     )
     return train(cfg, log=lambda s: None)
 

@@ -182,3 +182,50 @@ def test_a_batch_over_the_body_cap_is_split_not_failed():
         assert asyncio.run(two()) == ["applied 1", "applied 1"]
         # create, reset, the refused pair of steps and its two halves, close
         assert backend.coalescers is not None and backend.coalescers.batches_sent == 6
+
+
+def _ready(c: httpx.Client, env: str, **params: Any) -> str:
+    r = c.post("/v1/envs", json={"env": env, "params": params})
+    assert r.status_code == 200, r.text
+    instance_id: str = r.json()["instance_id"]
+    assert _single(c, instance_id, "reset", {"task": wire_task(env), "seed": 0})["status"] == 200
+    return instance_id
+
+
+def test_a_batch_of_steps_with_a_hung_and_a_raising_env_answers_each_as_its_route_would(server):
+    """The step lane (one thread group, one deadline): the hung step is 504 and its instance
+    destroyed, the raising one 500 and broken, every other step applied once."""
+    with http(server) as c:
+        quick = [_ready(c, "fault_count", episode_len=5) for _ in range(6)]
+        hung = _ready(c, "fault_sleep", where="step", close_wakes=True)
+        raising = _ready(c, "fault_raise", where="step")
+        ids = [quick[0], hung, *quick[1:3], raising, *quick[3:]]  # the hung one blocks a drainer
+        before = metrics(server)
+        results = _batch(c, *((i, "step", {"action": "x", "seq": 1}) for i in ids))
+        after = metrics(server)
+        shapes = [_shape(r) for r in results]
+        assert shapes[1] == (504, "handler_timeout") and shapes[4] == (500, "env_error")
+        quick_answers = [r for i, r in zip(ids, results, strict=True) if i in quick]
+        assert [r["body"]["observation"] for r in quick_answers] == ["applied 1"] * 6
+        assert after["instances_destroyed"] == before["instances_destroyed"] + 1
+        assert (
+            _single(c, hung, "step", {"action": "x", "seq": 2})["body"]["error"]["type"] == "instance_closed"
+        )
+        assert (
+            _single(c, raising, "step", {"action": "x", "seq": 2})["body"]["error"]["type"]
+            == "instance_broken"
+        )
+        # the quick ones go on, one step at a time, with nothing applied twice
+        again = _batch(c, *((i, "step", {"action": "y", "seq": 2}) for i in quick))
+        assert [r["body"]["observation"] for r in again] == ["applied 2"] * 6
+        _batch(c, *((i, "close", {}) for i in [*quick, raising]))
+        assert after["batch_results_by_status"]["504"] >= 1
+
+
+def test_steps_past_the_thread_limit_are_503_with_retry_after():
+    with start_server(max_instances=8, max_threads=2, handler_timeout_s=2.0) as srv, http(srv) as c:
+        hung = [_ready(c, "fault_sleep", where="step", close_wakes=True) for _ in range(2)]
+        quick = _ready(c, "fault_count", episode_len=5)
+        results = _batch(c, *((i, "step", {"action": "x", "seq": 1}) for i in [*hung, quick]))
+        assert [_shape(r) for r in results] == [(504, "handler_timeout")] * 2 + [(503, "server_busy")]
+        assert "Retry-After" in results[2]["headers"]

@@ -43,6 +43,9 @@ def serve_env(
     header_timeout: float = typer.Option(10.0, help="Seconds a request's headers may take (slowloris)."),
     graceful_shutdown: int = typer.Option(10, help="On SIGTERM, seconds in-flight calls get to finish."),
     limit_max_requests: int | None = typer.Option(None, help="Exit gracefully after this many requests."),
+    max_threads: int | None = typer.Option(
+        None, help="Sync env calls in flight at once (503 beyond); default max-instances + 16."
+    ),
 ) -> None:
     """Serve every registered environment over HTTP (bearer token, loopback only by default)."""
     from steprl.serving.server import serve
@@ -77,6 +80,7 @@ def serve_env(
             header_timeout_s=header_timeout,
             graceful_shutdown_s=graceful_shutdown,
             limit_max_requests=limit_max_requests,
+            max_threads=max_threads,
         )
     except ValueError as err:
         typer.echo(f"serve-env: {err}", err=True)

@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from steprl.envs.registry import get_spec
 from steprl.serving.instances import (
     Instance,
@@ -25,12 +23,9 @@ from steprl.serving.instances import (
     close_quietly,
 )
 from steprl.serving.protocol import (
-    BatchCall,
     ClosedResponse,
     CreateRequest,
     CreateResponse,
-    ErrorBody,
-    ErrorEnvelope,
     ObservationMsg,
     ResetRequest,
     StepRequest,
@@ -124,7 +119,7 @@ def env_failed(inst: Instance | None, method: str, exc: Exception) -> ServeError
     return ServeError(500, "env_error", f"{where}{method}() raised {type(exc).__name__}: {exc}")
 
 
-async def _guarded(state: ServerState, inst: Instance, what: str, work: Callable[[], Awaitable[T]]) -> T:
+async def guarded(state: ServerState, inst: Instance, what: str, work: Callable[[], Awaitable[T]]) -> T:
     """Run one handler's work on `inst` under the handler deadline (504 + destroy on expiry)."""
     timeout = state.settings.handler_timeout_s
     inst.busy += 1
@@ -206,7 +201,7 @@ async def do_reset(state: ServerState, instance_id: str, body: ResetRequest) -> 
         async with inst.lock:
             table.get(instance_id)  # closed while this call waited for the lock?
             if inst.state is InstanceState.BROKEN:
-                raise _broken()
+                raise broken()
             task = task_from_wire(body.task)
             try:
                 obs = observation_to_wire(await call_env(threads, inst.env.reset, task, body.seed))
@@ -217,7 +212,7 @@ async def do_reset(state: ServerState, instance_id: str, body: ResetRequest) -> 
             inst.state, inst.seq, inst.last = InstanceState.READY, 0, None
             return obs
 
-    return await _guarded(state, inst, "reset", work)
+    return await guarded(state, inst, "reset", work)
 
 
 async def do_step(state: ServerState, instance_id: str, body: StepRequest) -> TransitionMsg:
@@ -228,22 +223,40 @@ async def do_step(state: ServerState, instance_id: str, body: StepRequest) -> Tr
     async def work() -> TransitionMsg:
         async with inst.lock:
             table.get(instance_id)
-            if body.seq == inst.seq and inst.last is not None:
-                state.steps_replayed += 1
-                return inst.last  # a retry of the step just applied: answer it again, apply nothing
-            _check_can_step(inst, body.seq)
+            replay = step_replay(state, inst, body)
+            if replay is not None:
+                return replay
             try:
-                msg = transition_to_wire(await call_env(threads, inst.env.step, body.action))
+                raw = await call_env(threads, inst.env.step, body.action)
             except Overloaded:
                 raise
             except Exception as exc:
                 raise env_failed(inst, "step", exc) from None
-            inst.seq, inst.last = body.seq, msg
-            if msg.terminated or msg.truncated:
-                inst.state = InstanceState.DONE
-            return msg
+            return step_record(inst, body, raw)
 
-    return await _guarded(state, inst, "step", work)
+    return await guarded(state, inst, "step", work)
+
+
+def step_replay(state: ServerState, inst: Instance, body: StepRequest) -> TransitionMsg | None:
+    """Before a step (lock held): the cached answer of a repeated seq, or None to apply it
+    (a ServeError when the instance cannot step now)."""
+    if body.seq == inst.seq and inst.last is not None:
+        state.steps_replayed += 1
+        return inst.last  # a retry of the step just applied: answer it again, apply nothing
+    _check_can_step(inst, body.seq)
+    return None
+
+
+def step_record(inst: Instance, body: StepRequest, raw: object) -> TransitionMsg:
+    """After the env stepped (lock held): its answer on the wire, remembered for a replay."""
+    try:
+        msg = transition_to_wire(raw)
+    except Exception as exc:
+        raise env_failed(inst, "step", exc) from None
+    inst.seq, inst.last = body.seq, msg
+    if msg.terminated or msg.truncated:
+        inst.state = InstanceState.DONE
+    return msg
 
 
 async def do_close(state: ServerState, instance_id: str) -> ClosedResponse:
@@ -259,46 +272,7 @@ async def do_close(state: ServerState, instance_id: str) -> ClosedResponse:
     return ClosedResponse()
 
 
-def _item(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    body = ErrorEnvelope(error=ErrorBody(type=type_, message=message[:MAX_MESSAGE_CHARS]))
-    return {"status": status, "body": body.model_dump(), "headers": headers or {}}
-
-
-async def batch_call(state: ServerState, call: BatchCall) -> dict[str, Any]:
-    """One call of a batch: the status and body its single route would answer (never raises)."""
-    try:
-        if call.op == "create":
-            create_body = CreateRequest.model_validate(call.body)
-        elif call.op == "step":
-            step_body = StepRequest.model_validate(call.body)
-        elif call.op == "reset":
-            reset_body = ResetRequest.model_validate(call.body)
-        elif call.body:
-            return _item(422, "validation_error", "invalid request: body: close takes no body")
-    except ValidationError as exc:
-        return _item(422, "validation_error", invalid_message(exc.errors(), prefix="body"))
-    try:
-        result: CreateResponse | ObservationMsg | TransitionMsg | ClosedResponse
-        if call.op == "create":
-            result = await do_create(state, create_body)
-        elif call.op == "step":
-            result = await do_step(state, call.instance_id, step_body)
-        elif call.op == "reset":
-            result = await do_reset(state, call.instance_id, reset_body)
-        else:
-            result = await do_close(state, call.instance_id)
-    except ServeError as exc:
-        state.batch_statuses[exc.status] += 1
-        return _item(exc.status, exc.type, exc.message, exc.headers)
-    except Exception as exc:
-        logger.exception("unhandled error in the env server (batched %s)", call.op)
-        state.batch_statuses[500] += 1
-        return _item(500, "internal_error", f"the env server failed ({type(exc).__name__}); see its log")
-    state.batch_statuses[200] += 1
-    return {"status": 200, "body": result.model_dump(), "headers": {}}
-
-
-def _broken() -> ServeError:
+def broken() -> ServeError:
     return ServeError(409, "instance_broken", "this env raised earlier; close it and create a new one")
 
 
@@ -310,7 +284,7 @@ def _check_can_step(inst: Instance, seq: int) -> None:
             409, "episode_over", "the episode is over (terminated or truncated); reset for another"
         )
     if inst.state is InstanceState.BROKEN:
-        raise _broken()
+        raise broken()
     if seq != inst.seq + 1:
         raise ServeError(
             409,

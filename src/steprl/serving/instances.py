@@ -123,6 +123,10 @@ class InstanceTable:
             "since); create one with POST /v1/envs",
         )
 
+    def live(self, instance_id: str) -> Instance | None:
+        """The live instance, or None (closed, reaped, destroyed or unknown)."""
+        return self._live.get(instance_id)
+
     def is_gone(self, instance_id: str) -> bool:
         return instance_id in self._gone
 

@@ -64,6 +64,7 @@ class LocalEnvServer:
         header_timeout_s: float = 10.0,
         graceful_shutdown_s: int = 10,
         limit_max_requests: int | None = None,
+        max_threads: int | None = None,
         extra_env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
         auto_restart: bool = False,
@@ -93,6 +94,7 @@ class LocalEnvServer:
             "--graceful-shutdown",
             str(graceful_shutdown_s),
             *(["--limit-max-requests", str(limit_max_requests)] if limit_max_requests else []),
+            *(["--max-threads", str(max_threads)] if max_threads else []),
             *(arg for module in self.plugins for arg in ("--plugin", module)),
         ]
         self._extra_env = dict(extra_env or {})

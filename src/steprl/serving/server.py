@@ -43,10 +43,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from steprl.serving import security
+from steprl.serving.batch import run_batch
 from steprl.serving.handlers import (
     MAX_MESSAGE_CHARS,
     ServerState,
-    batch_call,
     do_close,
     do_create,
     do_reset,
@@ -149,9 +149,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/batch")
     async def batch(body: BatchRequest) -> JSONResponse:
         # Concurrent, like the same calls on separate connections; answered in call order.
-        results = await asyncio.gather(*(batch_call(state, call) for call in body.calls))
-        state.batch_calls += len(results)
-        return JSONResponse({"results": results})
+        return JSONResponse({"results": await run_batch(state, body.calls)})
 
 
 def build_app(settings: Settings) -> FastAPI:
