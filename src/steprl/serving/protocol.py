@@ -126,6 +126,8 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
     """`value` as plain JSON types: mappings -> dicts with str keys, sequences and sets -> lists,
     enums -> their value, non-finite floats -> "nan" / "inf" / "-inf" (JSON has no NaN),
     bytes -> text, numpy/torch scalars -> Python numbers, anything else -> its `repr`."""
+    if type(value) is dict and _plain(value):
+        return value  # the common case (flat str -> scalar info), returned as is: no copy
     if _depth > _MAX_DEPTH:
         return "<too deep>"
     if value is None or isinstance(value, bool | int | str):
@@ -151,6 +153,19 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
         except (TypeError, ValueError):
             pass
     return repr(value)
+
+
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _plain(mapping: dict[Any, Any]) -> bool:
+    """Whether `mapping` is already plain JSON: str keys, scalar values, finite floats.
+    (json_safe rebuilt every info dict; this check costs a fifth of that.)"""
+    for key, item in mapping.items():
+        kind = type(item)
+        if type(key) is not str or (kind not in _SCALARS and not (kind is float and math.isfinite(item))):
+            return False
+    return True
 
 
 def task_to_wire(task: Task) -> TaskMsg:
