@@ -227,6 +227,64 @@ def test_env03_retries_are_bounded_in_count_and_time(server):
         assert time.monotonic() - started < 3
 
 
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_env03_a_create_whose_answer_was_lost_leaves_no_orphan(server, coalesce):
+    """The create reached the server but its answer did not come back: the retry carries the
+    same key and gets the same instance, so nothing is left for the reaper."""
+    before = metrics(server)
+    with FaultProxy(server.port, {"create": ["drop_after"]}).running() as proxy:
+        env = _remote(
+            f"http://127.0.0.1:{proxy.port}",
+            server.token,
+            "fault_count",
+            coalesce=coalesce,
+            call_timeout_s=10.0,
+            retry=FAST_RETRY,
+        )
+
+        async def episode() -> int:
+            try:
+                assert (await env.reset(fault_task(), 0)).text == "ready fault_count-0"
+                live: int = metrics(server)["instances_live"]
+                return live
+            finally:
+                await env.close()
+
+        live_during = asyncio.run(episode())
+    after = metrics(server)
+    keys = [json.loads(body)["key"] for body in proxy.seen["create"]]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    assert live_during == before["instances_live"] + 1  # one instance, not two
+    assert after["creates_replayed"] == before["creates_replayed"] + 1
+    assert after["instances_created"] == before["instances_created"] + 1
+    assert after["instances_live"] == before["instances_live"]
+
+
+def test_env03_a_create_key_means_one_instance_while_it_lives(server):
+    with http(server) as c:
+        slow = {"env": "fault_sleep", "params": {"where": "create", "seconds": 0.3}, "key": "k-slow"}
+
+        async def twice() -> list[httpx.Response]:
+            async with httpx.AsyncClient(
+                base_url=server.url, headers=c.headers, trust_env=False, timeout=10
+            ) as ac:
+                return list(await asyncio.gather(*(ac.post("/v1/envs", json=slow) for _ in range(2))))
+
+        first, second = asyncio.run(twice())  # the second arrives while the first is building
+        assert first.status_code == second.status_code == 200
+        assert first.json()["instance_id"] == second.json()["instance_id"]
+        instance_id = first.json()["instance_id"]
+        assert c.delete(f"/v1/envs/{instance_id}").status_code == 200
+        fresh = c.post("/v1/envs", json=slow)  # its instance is gone: the key builds a new one
+        assert fresh.status_code == 200 and fresh.json()["instance_id"] != instance_id
+        plain = [c.post("/v1/envs", json={"env": "fault_count"}).json()["instance_id"] for _ in range(2)]
+        assert plain[0] != plain[1]  # no key, no de-duplication
+        for gone in (fresh.json()["instance_id"], *plain):
+            c.delete(f"/v1/envs/{gone}")
+        failing = {"env": "fault_count", "params": {"no_such_param": 1}, "key": "k-bad"}
+        assert [c.post("/v1/envs", json=failing).status_code for _ in range(2)] == [422, 422]
+
+
 # ----------------------------------------------------------------------------------------------
 # ENV-04
 

@@ -48,7 +48,9 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def server():
-    with start_server(max_instances=6, handler_timeout_s=1.0, keep_alive_s=1, header_timeout_s=1.0) as s:
+    with start_server(
+        max_instances=6, handler_timeout_s=1.0, keep_alive_s=1, header_timeout_s=1.0, body_timeout_s=1.0
+    ) as s:
         yield s
 
 
@@ -347,6 +349,37 @@ def test_http05_slowloris_and_idle_keepalive_connections_are_closed(server):
         with contextlib.suppress(OSError):
             s.sendall(big.encode()[20_000:])
         assert s.recv(65536).startswith(b"HTTP/1.1 400")
+
+
+def test_http05_a_trickled_body_gets_408_and_the_connection_is_closed(server):
+    body = json.dumps({"env": "fault_count", "params": {}}).encode()
+    head = (
+        f"POST /v1/envs HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    created = metrics(server)["instances_created"]
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as slow:
+        slow.sendall(head)
+        t0, answer, sent = time.monotonic(), b"", 0
+        while time.monotonic() - t0 < 8 and not answer.endswith(b"}"):
+            if sent < len(body) - 1:  # one byte every 0.2 s, never the last one
+                with contextlib.suppress(OSError):
+                    slow.sendall(body[sent : sent + 1])
+                sent += 1
+            if select.select([slow], [], [], 0.2)[0]:
+                chunk = slow.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        took = time.monotonic() - t0
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b'"type":"body_timeout"' in answer
+        assert took < 6  # body deadline (1 s) + slack
+        slow.settimeout(5)
+        with contextlib.suppress(ConnectionResetError):
+            assert slow.recv(1024) == b""  # closed: the rest of that body is never read as a request
+    assert metrics(server)["instances_created"] == created  # nothing was created
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -210,7 +211,8 @@ class RemoteEnv:
         if self._client is None and self._coalescers is None:  # a retried create keeps its client
             self._client = self._clients.acquire(self.url)
             self._loop = asyncio.get_running_loop()
-        body = CreateRequest(env=self.env, params=self.params).model_dump()
+        # One key for every try of this create: a retry after a lost answer gets the same instance.
+        body = CreateRequest(env=self.env, params=self.params, key=uuid.uuid4().hex).model_dump()
         created = _parse(CreateResponse, await self._request("POST", "/v1/envs", body, "create"), "create")
         self._id = created.instance_id
         self.stop_strings = tuple(created.stop_strings)
@@ -365,7 +367,8 @@ class HttpEnvBackend:
         and remember its stop strings and system prompt for envs not yet reset."""
         headers = {"Authorization": f"Bearer {self._token}"}
         what = f"env server {self.url} (env {self.env!r})"
-        body = CreateRequest(env=self.env, params=self.params).model_dump()
+        # One key for every try of this create: a retry after a lost answer gets the same instance.
+        body = CreateRequest(env=self.env, params=self.params, key=uuid.uuid4().hex).model_dump()
         with httpx.Client(
             base_url=self.url, headers=headers, timeout=self.call_timeout_s, trust_env=False
         ) as c:

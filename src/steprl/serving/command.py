@@ -41,6 +41,7 @@ def serve_env(
     insecure_bind: bool = typer.Option(False, "--insecure-bind", help="Allow a non-loopback --host."),
     keep_alive: int = typer.Option(5, help="Seconds an idle keep-alive connection stays open."),
     header_timeout: float = typer.Option(10.0, help="Seconds a request's headers may take (slowloris)."),
+    body_timeout: float = typer.Option(30.0, help="Seconds a request's body may take after its headers."),
     graceful_shutdown: int = typer.Option(10, help="On SIGTERM, seconds in-flight calls get to finish."),
     limit_max_requests: int | None = typer.Option(None, help="Exit gracefully after this many requests."),
     max_threads: int | None = typer.Option(
@@ -78,6 +79,7 @@ def serve_env(
             insecure_bind=insecure_bind,
             keep_alive_s=keep_alive,
             header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
             graceful_shutdown_s=graceful_shutdown,
             limit_max_requests=limit_max_requests,
             max_threads=max_threads,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -52,6 +52,9 @@ class ServerState:
     requests: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
     steps_replayed: int = 0
+    creates_replayed: int = 0
+    # create key -> its answer (None while building, or after it failed); oldest dropped first
+    creates: OrderedDict[str, asyncio.Future[CreateResponse | None]] = field(default_factory=OrderedDict)
     batch_calls: int = 0  # calls answered inside /v1/batch requests (each counted once in `requests`)
     batch_statuses: Counter[int] = field(default_factory=Counter)
     background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -83,6 +86,7 @@ class ServerState:
             "instances_destroyed": counts["destroyed"],
             "rejected_at_capacity": counts["rejected_at_capacity"],
             "steps_replayed": self.steps_replayed,
+            "creates_replayed": self.creates_replayed,
             "threads_alive": self.threads.alive,
             "asyncio_tasks": len(asyncio.all_tasks()),  # a leak shows up here (HTTP-07)
             "requests": self.requests,
@@ -143,8 +147,38 @@ async def guarded(state: ServerState, inst: Instance, what: str, work: Callable[
         inst.touch()
 
 
+#: Create keys remembered; a retry comes within seconds, so older keys can go.
+MAX_CREATE_KEYS = 10_000
+
+
 async def do_create(state: ServerState, body: CreateRequest) -> CreateResponse:
-    """POST /v1/envs (single or batched): build the env on a worker thread under the deadline."""
+    """POST /v1/envs (single or batched), once per idempotency key: a create repeated with the
+    key of one that built an instance still alive gets that instance (waiting for it if it is
+    still being built); otherwise a new one is built."""
+    if body.key is None:
+        return await _build(state, body)
+    earlier = state.creates.get(body.key)
+    if earlier is not None:
+        answer = await asyncio.shield(earlier)
+        if answer is not None and state.table.live(answer.instance_id) is not None:
+            state.creates_replayed += 1
+            return answer
+    mine: asyncio.Future[CreateResponse | None] = asyncio.get_running_loop().create_future()
+    state.creates[body.key] = mine
+    state.creates.move_to_end(body.key)
+    while len(state.creates) > MAX_CREATE_KEYS:
+        state.creates.popitem(last=False)
+    try:
+        answer = await _build(state, body)
+    except BaseException:
+        mine.set_result(None)  # a retry builds anew
+        raise
+    mine.set_result(answer)
+    return answer
+
+
+async def _build(state: ServerState, body: CreateRequest) -> CreateResponse:
+    """Build the env on a worker thread under the handler deadline."""
     try:
         spec = get_spec(body.env)
     except KeyError as err:

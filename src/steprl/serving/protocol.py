@@ -3,7 +3,7 @@
 One JSON body per route (``extra="forbid"``, strict types, so a typo or a wrong type is a 422,
 never a silently ignored field)::
 
-    POST   /v1/envs             {env, params}  -> {instance_id, stop_strings, system_prompt}
+    POST   /v1/envs             {env, params, key} -> {instance_id, stop_strings, system_prompt}
     POST   /v1/envs/{id}/reset  {task, seed}   -> {text, info}
     POST   /v1/envs/{id}/step   {action, seq}  -> {observation, reward, terminated, truncated, info}
     DELETE /v1/envs/{id}                       -> {closed: true}
@@ -14,6 +14,8 @@ never a silently ignored field)::
 its episodes make in the same event-loop tick): each call's `body` is that route's body, each
 result the status and body that route would have answered, in call order.
 
+`key` is a create's idempotency key: a create repeated with the same key (a retry whose first
+answer was lost) is answered with the instance the first one made, if it still lives.
 `seq` is the step's idempotency key: 1 for the first step after a reset, then +1 per step. The
 server applies a step once; a repeat of the last `seq` returns the cached answer (reliability
 ENV-04). Env `info` mappings pass through `json_safe` on the server, so whatever an env puts
@@ -43,6 +45,9 @@ class _Wire(BaseModel):
 class CreateRequest(_Wire):
     env: str = Field(min_length=1, max_length=200)  # a registered env name
     params: dict[str, Any] = Field(default_factory=dict)  # the env factory's keyword arguments
+    # Idempotency key: a retry of this create with the same key gets the same instance (while
+    # it lives), so a create whose answer was lost leaves no orphan. None: no de-duplication.
+    key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class CreateResponse(_Wire):

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
 from steprl.serving.protocol import ErrorBody, ErrorEnvelope
@@ -209,25 +209,32 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
-    """Raised into the app from `receive` once the body passed the cap (the 413 is already sent)."""
+class _Refused(Exception):
+    """Raised into the app from `receive` once its body was refused (the 413/408 is already sent)."""
 
 
 class BodyLimit:
-    """Answer 413 once a request body passes `max_bytes`, counting the bytes actually received.
+    """Answer 413 once a request body passes `max_bytes`, counting the bytes actually received,
+    and 408 when the body has not all arrived `timeout_s` after the headers (a trickled body).
 
     A declared Content-Length over the cap is refused before any body byte is read. Otherwise
-    `receive` is wrapped: when the running count passes the cap, the 413 is sent right away and
-    `_BodyTooLarge` is raised into the app; whatever the app then sends is dropped.
+    `receive` is wrapped: when the running count passes the cap, or the body's deadline passes,
+    the error is sent right away and `_Refused` is raised into the app; whatever the app then
+    sends is dropped. (uvicorn's header deadline, `header_deadline_protocol`, covers the headers.)
     Headers over `max_header_bytes` in total are a 431: h11 bounds only a header block that is
     still incomplete in its buffer, and accepts a larger one that arrives in a single read.
     """
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, max_header_bytes: int = 16 * 1024) -> None:
-        if max_bytes < 0 or max_header_bytes < 0:
-            raise ValueError(f"limits must be >= 0, got {max_bytes}, {max_header_bytes}")
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, timeout_s: float = 30.0, max_header_bytes: int = 16 * 1024
+    ) -> None:
+        if max_bytes < 0 or max_header_bytes < 0 or not timeout_s > 0:
+            raise ValueError(
+                f"limits must be >= 0 (timeout > 0), got {max_bytes}, {max_header_bytes}, {timeout_s}"
+            )
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
         self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -250,30 +257,44 @@ class BodyLimit:
                 await send_error(send, 413, "body_too_large", too_large, close=True)
                 return
         received = 0
+        body_done = False
         rejected = False
         response_started = False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+
+        async def refuse(status: int, type_: str, message: str) -> NoReturn:
+            nonlocal rejected
+            rejected = True
+            if not response_started:
+                await send_error(send, status, type_, message, close=True)
+            raise _Refused
 
         async def limited_receive() -> Message:
-            nonlocal received, rejected
-            message: Message = await receive()
+            nonlocal received, body_done
+            if body_done:  # after the body only http.disconnect can come: no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message: Message = await receive()
+            except TimeoutError:
+                slow = f"the request body did not arrive within {self.timeout_s:g}s of its headers"
+                await refuse(408, "body_timeout", slow)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.max_bytes and not rejected:
-                    rejected = True
-                    if not response_started:
-                        await send_error(send, 413, "body_too_large", too_large, close=True)
-                    raise _BodyTooLarge
+                    await refuse(413, "body_too_large", too_large)
             return message
 
         async def guarded_send(message: Message) -> None:
             nonlocal response_started
             if rejected:
-                return  # the app's answer to the aborted read (a 400, say) after our 413
+                return  # the app's answer to the aborted read (a 400, say) after our 413/408
             if message["type"] == "http.response.start":
                 response_started = True
             await send(message)
 
-        with contextlib.suppress(_BodyTooLarge):  # the app let it through; the 413 is out
+        with contextlib.suppress(_Refused):  # the app let it through; the 413/408 is out
             await self.app(scope, limited_receive, guarded_send)
 
 

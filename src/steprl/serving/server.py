@@ -179,7 +179,9 @@ def build_app(settings: Settings) -> FastAPI:
     _install_error_handlers(app)
     _add_routes(app, state)
     # add_middleware wraps: the last one added runs first. Order: count, host, auth, body cap.
-    app.add_middleware(security.BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        security.BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
     app.add_middleware(security.BearerAuth, token=settings.token, public_paths={"/healthz"})
     app.add_middleware(security.HostAllowlist, hosts=settings.hosts, port=settings.port or None)
     app.add_middleware(_Counting, state=state)

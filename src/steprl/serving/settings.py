@@ -38,6 +38,7 @@ class Settings:
     retry_after_s: int = 1  # Retry-After of 503 answers
     keep_alive_s: int = 5  # idle keep-alive connections are closed after this (uvicorn)
     header_timeout_s: float = 10.0  # a request's headers must arrive within this (slowloris)
+    body_timeout_s: float = 30.0  # ...and its body within this of its headers (408 beyond)
     graceful_shutdown_s: int = 10  # on SIGTERM, in-flight calls get this long to finish
     concurrency_headroom: int = 64  # uvicorn limit_concurrency = max_instances + this
     limit_max_requests: int | None = None  # exit (gracefully) after this many requests: recycling
@@ -61,7 +62,7 @@ class Settings:
         for name in ("max_instances", "retry_after_s", "keep_alive_s", "concurrency_headroom"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Settings.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("idle_ttl_s", "handler_timeout_s", "header_timeout_s"):
+        for name in ("idle_ttl_s", "handler_timeout_s", "header_timeout_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Settings.{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.max_body_bytes < 1024:

@@ -171,8 +171,9 @@ def _train(
             fmt,
             pad_token_id=policy.tokenizer.pad_token_id,
             num_workers=cfg.runtime.rollout_workers,
-            envs=WorkerEnvs(cfg.env.name, cfg.env.params, "ray", cfg.runtime.env_workers,
-                            cfg.runtime.env_call_timeout_s),  # fmt: skip
+            envs=WorkerEnvs(
+                cfg.env.name, cfg.env.params, "ray", cfg.runtime.env_workers, cfg.runtime.env_call_timeout_s
+            ),  # fmt: skip
             rule=rule,
             sampling=sampling,
             budgets=budgets,
