@@ -4,14 +4,17 @@ and the calls of many episodes stepping in the same loop tick travel in few requ
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
 import pytest
 from http_helpers import fault_task, http, metrics, start_server, wire_task
 
-from steprl.serving.client import HttpEnvBackend, RetryPolicy
-from steprl.serving.protocol import MAX_BATCH_CALLS
+from steprl.serving.client import HttpEnvBackend, RemoteEnv, RetryPolicy
+from steprl.serving.client_pool import ClientPool
+from steprl.serving.coalesce import Coalescers
+from steprl.serving.protocol import MAX_BATCH_CALLS, NDJSON
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +232,68 @@ def test_steps_past_the_thread_limit_are_503_with_retry_after():
         results = _batch(c, *((i, "step", {"action": "x", "seq": 1}) for i in [*hung, quick]))
         assert [_shape(r) for r in results] == [(504, "handler_timeout")] * 2 + [(503, "server_busy")]
         assert "Retry-After" in results[2]["headers"]
+
+
+@pytest.mark.parametrize("plain_http", [True, False], ids=["keep-alive client", "httpx"])
+def test_a_slow_step_does_not_hold_back_the_answer_batched_with_it(server, plain_http):
+    """Both steps travel in one batch; the server streams each answer as it is final, so the
+    quick episode goes on while the slow env is still working."""
+    clients = ClientPool(max_idle=0)
+    coalescers = Coalescers(clients, plain_http=plain_http)
+    slow = RemoteEnv(
+        server.url, server.token, "fault_sleep", {"where": "step", "seconds": 1.0},
+        clients=clients, coalescers=coalescers,
+    )  # fmt: skip
+    quick = RemoteEnv(
+        server.url, server.token, "fault_count", {"episode_len": 5}, clients=clients, coalescers=coalescers
+    )
+
+    async def go() -> tuple[float, bool, float, str, str]:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.gather(slow.reset(fault_task("fault_sleep"), 0), quick.reset(fault_task(), 0))
+            sent = coalescers.batches_sent
+            t0 = loop.time()
+            slow_step = asyncio.ensure_future(slow.step("a"))
+            quick_step = asyncio.ensure_future(quick.step("a"))
+            quick_answer = await quick_step
+            quick_at, slow_pending = loop.time() - t0, not slow_step.done()
+            slow_answer = await slow_step
+            assert coalescers.batches_sent == sent + 1  # one batch carried both steps
+            return quick_at, slow_pending, loop.time() - t0, quick_answer.observation, slow_answer.observation
+        finally:
+            await asyncio.gather(slow.close(), quick.close())
+
+    quick_at, slow_pending, slow_at, quick_obs, slow_obs = asyncio.run(go())
+    assert quick_obs == slow_obs == "applied 1"
+    assert slow_pending and quick_at < 0.6 and slow_at >= 0.9
+
+
+def test_a_streamed_batch_answers_what_the_batch_answers(server):
+    """Accept: application/x-ndjson gets one line per call (with its index), each the result
+    the call gets in the answer that is not streamed."""
+    shapes = {}
+    with http(server) as c:
+        for accept in ("application/json", NDJSON):
+            ok = _create(c, episode_len=3)
+            _single(c, ok, "reset", {"task": wire_task(), "seed": 0})
+            calls = [
+                {"instance_id": ok, "op": "step", "body": {"action": "x", "seq": 1}},
+                {"instance_id": "0123456789abcdef", "op": "step", "body": {"action": "x", "seq": 1}},
+                {"instance_id": ok, "op": "step", "body": {"action": "x", "seq": 1, "extra": True}},
+                {"instance_id": "", "op": "create", "body": {"env": "no_such_env"}},
+                {"instance_id": ok, "op": "close", "body": {}},
+            ]
+            r = c.post("/v1/batch", json={"calls": calls}, headers={"Accept": accept})
+            assert r.status_code == 200
+            if accept == NDJSON:
+                assert r.headers["content-type"] == NDJSON
+                lines = [json.loads(line) for line in r.text.splitlines()]
+                by_index = {line.pop("index"): line for line in lines}
+                assert sorted(by_index) == list(range(len(calls)))
+                results = [by_index[i] for i in range(len(calls))]
+            else:
+                results = r.json()["results"]
+            shapes[accept] = [_shape(x) for x in results]
+    assert shapes["application/json"] == shapes[NDJSON]
+    assert [status for status, _ in shapes[NDJSON]] == [200, 404, 422, 422, 200]

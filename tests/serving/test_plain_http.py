@@ -152,3 +152,64 @@ def test_each_call_in_a_batch_keeps_its_own_deadline() -> None:
 
     short_at, long_at = asyncio.run(go())
     assert 0.15 < short_at < 1.0 and long_at >= 1.4
+
+
+def _chunked(*chunks: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return head + body + b"0\r\n\r\n"
+
+
+def test_a_chunked_answer_is_read_line_by_line_and_the_connection_reused() -> None:
+    async def go():
+        # a line split across chunks, two lines in one chunk, a blank line, no final newline
+        answer = _chunked(b'{"a":', b'1}\n{"b":2}\n\n{"c"', b":3}")
+        server, port, connections = await _serve([answer, _chunked(b"x\ny\n"), _ok()])
+        async with server:
+            client = PlainHttp(f"http://127.0.0.1:{port}", {})
+            lines: list[bytes] = []
+            reply = await client.post(
+                "/v1/batch", b"{}", content_type="application/json", timeout=5, on_line=lines.append
+            )
+            collected = await client.post("/v1/batch", b"{}", content_type="application/json", timeout=5)
+            after = await client.post("/v1/batch", b"{}", content_type="application/json", timeout=5)
+            await client.aclose()
+            return reply, lines, collected, after, connections
+
+    reply, lines, collected, after, connections = asyncio.run(go())
+    assert reply.status_code == 200 and reply.content == b""
+    assert lines == [b'{"a":1}', b'{"b":2}', b'{"c":3}']
+    assert collected.content == b"x\ny\n"  # without on_line: the whole body
+    assert after.json() == {"ok": 1} and len(connections) == 1
+
+
+def test_a_malformed_chunk_is_a_read_error() -> None:
+    async def go():
+        bad = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"
+        server, port, _ = await _serve([bad])
+        async with server:
+            with pytest.raises(httpx.ReadError):
+                await PlainHttp(f"http://127.0.0.1:{port}", {}).post(
+                    "/x", b"{}", content_type="application/json", timeout=5
+                )
+
+    asyncio.run(go())
+
+
+def test_a_streamed_batch_that_misses_a_call_answers_it_as_malformed() -> None:
+    from steprl.serving.client_pool import ClientPool
+    from steprl.serving.coalesce import Coalescer
+
+    async def go():
+        good = b'{"index":1,"status":200,"body":{"closed":true},"headers":{}}\n'
+        answer = _chunked(good, b"not json\n", b'{"index":7,"status":200}\n', b'{"index":1,"status":500}\n')
+        server, port, _ = await _serve([answer])
+        async with server:
+            coalescer = Coalescer(f"http://127.0.0.1:{port}", {}, ClientPool())
+            return await asyncio.gather(
+                coalescer.call("a", "close", None, 5.0), coalescer.call("b", "close", None, 5.0)
+            )
+
+    missed, answered = asyncio.run(go())
+    assert (answered.status, answered.data) == (200, {"closed": True})  # the first line for it wins
+    assert missed.status == 200 and missed.data is None and "no result" in missed.text

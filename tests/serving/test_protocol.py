@@ -23,6 +23,8 @@ class Point:
 def test_a_plain_info_dict_passes_as_is() -> None:
     info = {"action_kind": "tool_call", "turn": 3, "valid": True, "score": 0.5, "note": None}
     assert json_safe(info) is info  # no copy on the hot path
+    nested = {"reward_components": {"outcome": 1.0}, "calls": [{"name": "add", "args": [1, 2]}]}
+    assert json_safe(nested) is nested
 
 
 def test_values_json_cannot_carry_are_converted() -> None:
@@ -55,7 +57,8 @@ def test_values_json_cannot_carry_are_converted() -> None:
 def test_a_non_finite_float_or_a_non_str_key_is_never_passed_as_is() -> None:
     assert json_safe({"x": math.nan}) == {"x": "nan"}
     assert json_safe({2: "two"}) == {"2": "two"}
-    assert json_safe({"x": [1]}) == {"x": [1]}  # a list value is rebuilt (it might hold anything)
+    inner_tuple = {"x": [{"y": (1, 2)}]}
+    assert json_safe(inner_tuple) == {"x": [{"y": [1, 2]}]} and json_safe(inner_tuple) is not inner_tuple
 
 
 def test_structures_deeper_than_the_limit_are_cut() -> None:

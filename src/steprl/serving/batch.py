@@ -1,5 +1,7 @@
 """`POST /v1/batch`: many create/reset/step/close calls in one request, each answered as its
-single route would answer it (status, body, headers), in call order.
+single route would answer it (status, body, headers): all at once in call order, or, when the
+client accepts `application/x-ndjson` (ours does), streamed one line per call as each finishes,
+so one slow env call holds back no other call's answer (`StreamedBatch`).
 
 A training turn sends one batch of steps, one per live episode, each on an idle instance. Those
 take the *step lane*: checked and recorded on the loop by the same functions as the step
@@ -15,10 +17,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
+from starlette.responses import Response
 
 from steprl.serving.handlers import (
     MAX_MESSAGE_CHARS,
@@ -35,6 +40,7 @@ from steprl.serving.handlers import (
 )
 from steprl.serving.instances import Instance, ServeError
 from steprl.serving.protocol import (
+    NDJSON,
     BatchCall,
     ClosedResponse,
     CreateRequest,
@@ -52,30 +58,110 @@ logger = logging.getLogger("steprl.serving.server")
 _Lane = list[tuple[int, Instance, StepRequest]]
 
 
-async def run_batch(state: ServerState, calls: list[BatchCall]) -> list[dict[str, Any]]:
-    """Each call's result (`{status, body, headers}`), in call order; never raises."""
+Emit = Callable[[int, dict[str, Any]], None]
+
+
+async def run_batch(state: ServerState, calls: list[BatchCall], emit: Emit) -> None:
+    """Run every call; `emit(i, result)` (`{status, body, headers}`) as soon as call i's result
+    is final, so a slow call holds back no other's answer. Never raises."""
+
+    def counted(i: int, result: dict[str, Any]) -> None:
+        state.batch_calls += 1
+        state.batch_statuses[result["status"]] += 1
+        emit(i, result)
+
     lane: _Lane = []
-    others: list[int] = []
+    others: list[asyncio.Task[dict[str, Any]]] = []
     for i, call in enumerate(calls):
         step = _lane_step(state, call)
         if step is None:
-            others.append(i)
+            task = asyncio.ensure_future(batch_call(state, call))
+            task.add_done_callback(functools.partial(_emit_task, counted, i))
+            others.append(task)
             continue
         inst, body = step
         # Taken now, with nothing awaited since the instance was seen idle: no call can slip in.
         await inst.lock.acquire()
         inst.busy += 1
         lane.append((i, inst, body))
-    answered = await asyncio.gather(_run_lane(state, lane), *(batch_call(state, calls[i]) for i in others))
+    if others:
+        await asyncio.gather(_run_lane(state, lane, counted), *others)
+    else:  # a turn's batch of steps: no task to start
+        await _run_lane(state, lane, counted)
+
+
+async def run_batch_list(state: ServerState, calls: list[BatchCall]) -> list[dict[str, Any]]:
+    """Every call's result, in call order (the answer of a batch that is not streamed)."""
     results: list[dict[str, Any]] = [{}] * len(calls)
-    for (i, _, _), result in zip(lane, answered[0], strict=True):
+
+    def keep(i: int, result: dict[str, Any]) -> None:
         results[i] = result
-    for i, result in zip(others, answered[1:], strict=True):
-        results[i] = result
-    state.batch_calls += len(calls)
-    for result in results:
-        state.batch_statuses[result["status"]] += 1
+
+    await run_batch(state, calls, keep)
     return results
+
+
+class StreamedBatch(Response):
+    """A batch answered as its calls finish: `application/x-ndjson`, one line per call,
+    `{"index": i, "status": ..., "body": ..., "headers": ...}`, in the order they finish.
+
+    Results that become final together (a thread group hands its results over at once) go out
+    in one chunk, so a batch of quick steps is still one write; a slow call delays no other
+    call's answer, only the end of the response.
+    """
+
+    media_type = NDJSON
+
+    def __init__(self, state: ServerState, calls: list[BatchCall]) -> None:
+        super().__init__(status_code=200, media_type=NDJSON)
+        self.state = state
+        self.calls = calls
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", NDJSON.encode())]}
+        )
+        lines: list[bytes] = []
+        wake = asyncio.Event()
+
+        def emit(i: int, result: dict[str, Any]) -> None:
+            lines.append(_json_line({"index": i, **result}))
+            wake.set()
+
+        runner = asyncio.ensure_future(run_batch(self.state, self.calls, emit))
+        runner.add_done_callback(lambda _: wake.set())
+        left = len(self.calls)
+        try:
+            while left and not runner.done():
+                if not lines:
+                    wake.clear()
+                    await wake.wait()
+                    continue
+                chunk, lines[:] = b"".join(lines), []
+                left -= chunk.count(b"\n")
+                # the last lines end the body in the same send (a batch of quick calls: one send)
+                await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+            if left:  # the runner ended without answering every call (it never raises)
+                chunk, lines[:] = b"".join(lines), []
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+        finally:
+            if not runner.done():
+                runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+
+
+# One encoder for every line (json.dumps with options builds a new one per call), encoding as
+# starlette's JSONResponse does.
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def _json_line(value: dict[str, Any]) -> bytes:
+    return _encode(value).encode() + b"\n"  # the newline ends an NDJSON record
+
+
+def _emit_task(emit: Emit, i: int, task: asyncio.Task[dict[str, Any]]) -> None:
+    if not task.cancelled():
+        emit(i, task.result())  # batch_call never raises
 
 
 def _lane_step(state: ServerState, call: BatchCall) -> tuple[Instance, StepRequest] | None:
@@ -95,36 +181,71 @@ def _lane_step(state: ServerState, call: BatchCall) -> tuple[Instance, StepReque
         return None  # answered (422) by batch_call
 
 
-async def _run_lane(state: ServerState, lane: _Lane) -> list[dict[str, Any]]:
+async def _run_lane(state: ServerState, lane: _Lane, emit: Emit) -> None:
     """The lane's steps (their locks held): as `do_step` runs each, with one thread group and
-    one deadline for all of them."""
-    answers: list[dict[str, Any]] = [{}] * len(lane)
+    one deadline for all of them. Each step's answer is emitted, and its lock released, as soon
+    as it is final."""
     todo: _Lane = []
-    try:
-        for k, (_, inst, body) in enumerate(lane):
-            try:
-                replay = step_replay(state, inst, body)
-            except ServeError as exc:
-                answers[k] = _error(exc)
-                continue
-            if replay is not None:
-                answers[k] = _ok(replay)
-            else:
-                todo.append((k, inst, body))
-        futures = state.threads.run_many(
-            [functools.partial(inst.env.step, body.action) for _, inst, body in todo]
-        )
-        timeout = state.settings.handler_timeout_s
-        if futures:
-            await asyncio.wait(futures, timeout=timeout)
-        for (k, inst, body), future in zip(todo, futures, strict=True):
-            answers[k] = await _finish(state, inst, body, future, timeout)
-    finally:
-        for _, inst, _ in lane:
+    held = {id(inst): inst for _, inst, _ in lane}
+
+    def release(inst: Instance) -> None:
+        if held.pop(id(inst), None) is not None:
             inst.busy -= 1
             inst.touch()
             inst.lock.release()
-    return answers
+
+    try:
+        for entry in lane:
+            i, inst, body = entry
+            try:
+                replay = step_replay(state, inst, body)
+            except ServeError as exc:
+                release(inst)
+                emit(i, _error(exc))
+                continue
+            if replay is not None:
+                release(inst)
+                emit(i, _ok(replay))
+            else:
+                todo.append(entry)
+        futures = state.threads.run_many(
+            [functools.partial(inst.env.step, body.action) for _, inst, body in todo]
+        )
+        waiting = dict(zip(futures, todo, strict=True))
+        finished: list[asyncio.Future[Any]] = []
+        wake = asyncio.Event()
+
+        def on_done(future: asyncio.Future[Any]) -> None:
+            finished.append(future)
+            wake.set()
+
+        for future in futures:
+            future.add_done_callback(on_done)
+        timeout = state.settings.handler_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout
+        while waiting:
+            if not finished:
+                wake.clear()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await wake.wait()
+                except TimeoutError:
+                    break
+            ready, finished[:] = finished[:], []
+            for future in ready:
+                if future in waiting:
+                    i, inst, body = waiting.pop(future)
+                    result = await _finish(state, inst, body, future, timeout)
+                    release(inst)
+                    emit(i, result)
+        for future, (i, inst, body) in list(waiting.items()):
+            del waiting[future]
+            result = await _finish(state, inst, body, future, timeout)  # not done: 504
+            release(inst)
+            emit(i, result)
+    finally:  # also when cancelled (server shutdown): free whatever is still held
+        for inst in list(held.values()):
+            release(inst)
 
 
 async def _finish(

@@ -27,7 +27,7 @@ import httpx
 
 from steprl.serving.client_pool import ClientPool
 from steprl.serving.plain_http import PlainHttp, Reply
-from steprl.serving.protocol import MAX_BATCH_CALLS
+from steprl.serving.protocol import MAX_BATCH_CALLS, NDJSON
 
 _MAX_RETRY_AFTER_S = 60.0
 _Key = tuple[str, tuple[tuple[str, str], ...]]  # (server URL, request headers)
@@ -94,6 +94,7 @@ class Coalescer:
 
     `ticks`: loop iterations a window stays open (ready callbacks of other episodes run first).
     `max_calls` / `max_bytes`: one request's bounds; a fuller window is split into several.
+    `plain_http`: use `PlainHttp` for `http://` URLs (False: httpx, as for `https://`).
     """
 
     url: str
@@ -102,6 +103,7 @@ class Coalescer:
     ticks: int = 2
     max_calls: int = MAX_BATCH_CALLS
     max_bytes: int = 512 * 1024
+    plain_http: bool = True
     counter: Counter = field(default_factory=Counter)
     _pending: list[_Call] = field(default_factory=list)
     _plain: PlainHttp | None = None
@@ -124,7 +126,7 @@ class Coalescer:
 
     def _plain_http(self, loop: asyncio.AbstractEventLoop) -> PlainHttp | None:
         """The loop's keep-alive client for plain http:// (None: use httpx, e.g. for https)."""
-        if self._plain is None and self.url.startswith("http://"):
+        if self._plain is None and self.plain_http and self.url.startswith("http://"):
             self._plain = PlainHttp(self.url, self.headers)
             # asyncio.run cancels pending tasks before it closes the loop: close connections then
             self._tasks.add(loop.create_task(_close_at_shutdown(self._plain)))
@@ -160,33 +162,43 @@ class Coalescer:
         content = b'{"calls":[' + b",".join(c.item for c in batch) + b"]}"
         timeout = max(0.001, max(c.deadline for c in batch) - loop.time())
         expiry = _Expiry(loop, batch)
+        streamed = _Streamed(batch)
         plain = self._plain_http(loop)
         client = self.clients.acquire(self.url) if plain is None else None
         response: httpx.Response | Reply
         try:
             if plain is not None:
                 response = await plain.post(
-                    "/v1/batch", content, content_type="application/json", timeout=timeout
+                    "/v1/batch",
+                    content,
+                    content_type="application/json",
+                    timeout=timeout,
+                    accept=NDJSON,
+                    on_line=streamed.line,
                 )
             else:
                 assert client is not None
-                response = await client.post(
-                    self.url + "/v1/batch",
-                    content=content,
-                    headers={**self.headers, "Content-Type": "application/json"},
-                    timeout=timeout,
+                headers = {**self.headers, "Content-Type": "application/json", "Accept": NDJSON}
+                request = client.stream(
+                    "POST", self.url + "/v1/batch", content=content, headers=headers, timeout=timeout
                 )
+                async with request as response:
+                    if _is_streamed(response):
+                        async for line in response.aiter_lines():
+                            streamed.line(line.encode())
+                    else:
+                        await response.aread()
             if response.status_code == 413 and len(batch) > 1:
                 # Over the server's body cap together, not necessarily alone: halve and resend.
                 half = len(batch) // 2
                 self._send_soon(loop, batch[:half])
                 self._send_soon(loop, batch[half:])
                 return
-            answers = _split(response, len(batch))
+            answers = streamed.rest() if _is_streamed(response) else _split(response, len(batch))
         except BaseException as exc:  # transport failures (and cancellation at loop shutdown)
             failure = exc if isinstance(exc, Exception) else httpx.TransportError("the batch was cancelled")
             for c in batch:
-                if not c.future.done():
+                if not c.future.done():  # calls answered before the failure keep their answers
                     c.future.set_exception(failure)
             if not isinstance(exc, Exception):
                 raise
@@ -196,8 +208,41 @@ class Coalescer:
             if client is not None:
                 await self.clients.release(loop, client)
         for c, answer in zip(batch, answers, strict=True):
-            if not c.future.done():
+            if answer is not None and not c.future.done():
                 c.future.set_result(answer)
+
+
+def _is_streamed(response: httpx.Response | Reply) -> bool:
+    return response.status_code == 200 and response.headers.get("content-type", "").startswith(NDJSON)
+
+
+class _Streamed:
+    """A streamed batch answer: each call's line is handed to its caller as soon as it arrives."""
+
+    def __init__(self, batch: list[_Call]) -> None:
+        self.batch = batch
+        self.answered = [False] * len(batch)
+
+    def line(self, raw: bytes) -> None:
+        """One NDJSON line; one that is not a well-formed result is skipped (see `rest`)."""
+        try:
+            item = json.loads(raw)
+            k, status = item["index"], item["status"]
+            headers = item.get("headers") or {}
+            well_formed = type(k) is int and 0 <= k < len(self.batch) and type(status) is int
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        if not well_formed or self.answered[k] or not isinstance(headers, dict):
+            return
+        self.answered[k] = True
+        call = self.batch[k]
+        if not call.future.done():
+            call.future.set_result(Answer(status, item.get("body"), "", retry_after(headers)))
+
+    def rest(self) -> list[Answer | None]:
+        """At the end: a protocol-error answer for every call the stream left unanswered."""
+        missing = Answer(200, None, "malformed /v1/batch answer: no result for this call")
+        return [None if done else missing for done in self.answered]
 
 
 class _Expiry:

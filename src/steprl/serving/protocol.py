@@ -12,7 +12,8 @@ never a silently ignored field)::
 
 `/v1/batch` carries many create/reset/step/close calls in one request (the client coalesces the calls
 its episodes make in the same event-loop tick): each call's `body` is that route's body, each
-result the status and body that route would have answered, in call order.
+result the status and body that route would have answered, in call order; or, when the request
+accepts `application/x-ndjson`, streamed one line per call as each finishes, with its `index`.
 
 `key` is a create's idempotency key: a create repeated with the same key (a retry whose first
 answer was lost) is answered with the instance the first one made, if it still lives.
@@ -105,6 +106,9 @@ class ErrorEnvelope(_Wire):
 
 #: Calls per batch: bounds the work one request can queue (the body cap bounds its bytes).
 MAX_BATCH_CALLS = 512
+#: The media type of a streamed batch answer: one `{"index", "status", "body", "headers"}` JSON
+#: line per call, in the order the calls finish (asked for with `Accept`).
+NDJSON = "application/x-ndjson"
 
 
 class BatchCall(_Wire):
@@ -131,8 +135,8 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
     """`value` as plain JSON types: mappings -> dicts with str keys, sequences and sets -> lists,
     enums -> their value, non-finite floats -> "nan" / "inf" / "-inf" (JSON has no NaN),
     bytes -> text, numpy/torch scalars -> Python numbers, anything else -> its `repr`."""
-    if type(value) is dict and _plain(value):
-        return value  # the common case (flat str -> scalar info), returned as is: no copy
+    if type(value) is dict and _plain(value, _depth):
+        return value  # the common case (plain JSON already), returned as is: no copy
     if _depth > _MAX_DEPTH:
         return "<too deep>"
     if value is None or isinstance(value, bool | int | str):
@@ -163,12 +167,19 @@ def json_safe(value: Any, _depth: int = 0) -> Any:
 _SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def _plain(mapping: dict[Any, Any]) -> bool:
-    """Whether `mapping` is already plain JSON: str keys, scalar values, finite floats.
-    (json_safe rebuilt every info dict; this check costs a fifth of that.)"""
-    for key, item in mapping.items():
+def _plain(value: dict[Any, Any] | list[Any], depth: int = 0) -> bool:
+    """Whether `value` is already plain JSON: dicts with str keys, lists, scalars, finite floats,
+    nested at most `_MAX_DEPTH` deep. (Rebuilding every info dict cost 5x this check.)"""
+    if depth > _MAX_DEPTH:
+        return False
+    is_dict = type(value) is dict
+    for key, item in value.items() if is_dict else enumerate(value):  # type: ignore[union-attr]
         kind = type(item)
-        if type(key) is not str or (kind not in _SCALARS and not (kind is float and math.isfinite(item))):
+        if (is_dict and type(key) is not str) or not (
+            kind in _SCALARS
+            or (kind is float and math.isfinite(item))
+            or ((kind is dict or kind is list) and _plain(item, depth + 1))
+        ):
             return False
     return True
 

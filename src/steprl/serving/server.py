@@ -39,11 +39,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from steprl.serving import security
-from steprl.serving.batch import run_batch
+from steprl.serving.batch import StreamedBatch, run_batch_list
 from steprl.serving.handlers import (
     MAX_MESSAGE_CHARS,
     ServerState,
@@ -55,6 +55,7 @@ from steprl.serving.handlers import (
 )
 from steprl.serving.instances import InstanceTable, ServeError, reap_forever
 from steprl.serving.protocol import (
+    NDJSON,
     BatchRequest,
     ClosedResponse,
     CreateRequest,
@@ -147,9 +148,12 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return await do_close(state, instance_id)
 
     @app.post("/v1/batch")
-    async def batch(body: BatchRequest) -> JSONResponse:
-        # Concurrent, like the same calls on separate connections; answered in call order.
-        return JSONResponse({"results": await run_batch(state, body.calls)})
+    async def batch(body: BatchRequest, request: Request) -> Response:
+        # Concurrent, like the same calls on separate connections: streamed as each call
+        # finishes if the client accepts NDJSON, else answered together in call order.
+        if NDJSON in request.headers.get("accept", ""):
+            return StreamedBatch(state, body.calls)
+        return JSONResponse({"results": await run_batch_list(state, body.calls)})
 
 
 def build_app(settings: Settings) -> FastAPI:
