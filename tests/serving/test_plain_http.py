@@ -213,3 +213,25 @@ def test_a_streamed_batch_that_misses_a_call_answers_it_as_malformed() -> None:
     missed, answered = asyncio.run(go())
     assert (answered.status, answered.data) == (200, {"closed": True})  # the first line for it wins
     assert missed.status == 200 and missed.data is None and "no result" in missed.text
+
+
+def test_an_ndjson_answer_in_one_piece_goes_line_by_line_and_other_bodies_do_not() -> None:
+    async def go():
+        lines_body = b'{"a":1}\n{"b":2}\n'
+        whole = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ncontent-length: %d\r\n\r\n%s" % (
+            len(lines_body),
+            lines_body,
+        )
+        plain_chunked = _chunked(b'{"x":1}\n').replace(b"application/x-ndjson", b"application/json")
+        server, port, _ = await _serve([whole, plain_chunked])
+        async with server:
+            client = PlainHttp(f"http://127.0.0.1:{port}", {})
+            seen: list[bytes] = []
+            first = await client.post("/x", b"{}", content_type="a/b", timeout=5, on_line=seen.append)
+            second = await client.post("/x", b"{}", content_type="a/b", timeout=5, on_line=seen.append)
+            await client.aclose()
+            return first, second, seen
+
+    first, second, seen = asyncio.run(go())
+    assert seen == [b'{"a":1}', b'{"b":2}'] and first.content == b""
+    assert second.content == b'{"x":1}\n'  # not NDJSON: collected, never split

@@ -106,8 +106,8 @@ class StreamedBatch(Response):
     `{"index": i, "status": ..., "body": ..., "headers": ...}`, in the order they finish.
 
     Results that become final together (a thread group hands its results over at once) go out
-    in one chunk, so a batch of quick steps is still one write; a slow call delays no other
-    call's answer, only the end of the response.
+    in one chunk; when that is all of them (a batch of quick steps) the answer is a plain
+    Content-Length body. A slow call delays no other call's answer, only the end of the response.
     """
 
     media_type = NDJSON
@@ -118,9 +118,6 @@ class StreamedBatch(Response):
         self.calls = calls
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", NDJSON.encode())]}
-        )
         lines: list[bytes] = []
         wake = asyncio.Event()
 
@@ -130,24 +127,38 @@ class StreamedBatch(Response):
 
         runner = asyncio.ensure_future(run_batch(self.state, self.calls, emit))
         runner.add_done_callback(lambda _: wake.set())
-        left = len(self.calls)
+        left, started = len(self.calls), False
         try:
-            while left and not runner.done():
+            while left:
                 if not lines:
+                    if runner.done():
+                        break  # it never ends with a call unanswered; if it did, the client says so
                     wake.clear()
                     await wake.wait()
                     continue
                 chunk, lines[:] = b"".join(lines), []
-                left -= chunk.count(b"\n")
-                # the last lines end the body in the same send (a batch of quick calls: one send)
+                left -= chunk.count(b"\n")  # JSON escapes newlines in strings: one per record
+                if not started:
+                    # All answered at once (a batch of quick steps): a plain body, as few writes
+                    # as an answer that is not streamed. Else chunked, one chunk per burst.
+                    await send(_start(len(chunk) if not left else None))
+                    started = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
-            if left:  # the runner ended without answering every call (it never raises)
-                chunk, lines[:] = b"".join(lines), []
-                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+            if left:
+                if not started:
+                    await send(_start(None))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if not runner.done():
                 runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
+
+
+def _start(length: int | None) -> dict[str, Any]:
+    headers = [(b"content-type", NDJSON.encode())]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    return {"type": "http.response.start", "status": 200, "headers": headers}
 
 
 # One encoder for every line (json.dumps with options builds a new one per call), encoding as

@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from steprl.serving.protocol import NDJSON
+
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_BYTES = 64 * 1024 * 1024
 
@@ -60,8 +62,8 @@ class PlainHttp:
         accept: str | None = None,
         on_line: Callable[[bytes], None] | None = None,
     ) -> Reply:
-        """POST `content`; the answer. A chunked answer is passed to `on_line` line by line as
-        it arrives (its `Reply.content` is then empty), or collected when `on_line` is None."""
+        """POST `content`; the answer. With `on_line`, an NDJSON answer is passed to it line by
+        line as it arrives (its `Reply.content` is then empty); without, it is collected."""
         extra = f"Accept: {accept}\r\n" if accept else ""
         request = (
             f"POST {self.base_path}{path} HTTP/1.1\r\n".encode("latin-1")
@@ -77,10 +79,17 @@ class PlainHttp:
                 writer.write(request)
                 head = await reader.readuntil(b"\r\n\r\n")
                 status, headers = _parse_head(head)
+                streamed = headers.get("content-type", "").startswith(NDJSON)
+                per_line = on_line if streamed else None
                 if headers.get("transfer-encoding", "").lower() == "chunked":
-                    body = await _read_chunked(reader, on_line)
+                    body = await _read_chunked(reader, per_line)
                 else:
                     body = await reader.readexactly(int(headers.get("content-length", "0")))
+                    if per_line is not None:  # a stream that came in one piece
+                        for line in body.split(b"\n"):
+                            if line.strip():
+                                per_line(line)
+                        body = b""
         except TimeoutError:
             writer.close()
             raise httpx.ReadTimeout(f"no answer from {self.host}:{self.port} within {timeout:.1f}s") from None

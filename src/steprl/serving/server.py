@@ -40,7 +40,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from steprl.serving import security
 from steprl.serving.batch import StreamedBatch, run_batch_list
@@ -123,6 +125,21 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
 
+    async def batch(request: Request) -> Response:
+        # Concurrent, like the same calls on separate connections: streamed as each call
+        # finishes if the client accepts NDJSON, else answered together in call order.
+        try:
+            body = BatchRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise ServeError(422, "validation_error", invalid_message(exc.errors(), prefix="body")) from None
+        if NDJSON in request.headers.get("accept", ""):
+            return StreamedBatch(state, body.calls)
+        return JSONResponse({"results": await run_batch_list(state, body.calls)})
+
+    # A plain Starlette route, first in the table: the one route a training turn uses skips
+    # FastAPI's dependency solving and the match against every other route (~0.1 ms a request).
+    app.router.routes.insert(0, Route("/v1/batch", batch, methods=["POST"]))
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -146,14 +163,6 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.delete("/v1/envs/{instance_id}")
     async def close(instance_id: str) -> ClosedResponse:
         return await do_close(state, instance_id)
-
-    @app.post("/v1/batch")
-    async def batch(body: BatchRequest, request: Request) -> Response:
-        # Concurrent, like the same calls on separate connections: streamed as each call
-        # finishes if the client accepts NDJSON, else answered together in call order.
-        if NDJSON in request.headers.get("accept", ""):
-            return StreamedBatch(state, body.calls)
-        return JSONResponse({"results": await run_batch_list(state, body.calls)})
 
 
 def build_app(settings: Settings) -> FastAPI:
