@@ -15,6 +15,7 @@ through the single route's handler, concurrently with the lane.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -101,13 +102,20 @@ async def run_batch_list(state: ServerState, calls: list[BatchCall]) -> list[dic
     return results
 
 
+#: A streamed batch's first answers wait this long for the rest: a batch that finishes within
+#: it goes in one piece, in call order, exactly like an answer that is not streamed (so quick
+#: envs give runs identical to in-process ones); only slower calls are streamed past.
+HOLD_S = 0.005
+
+
 class StreamedBatch(Response):
     """A batch answered as its calls finish: `application/x-ndjson`, one line per call,
     `{"index": i, "status": ..., "body": ..., "headers": ...}`, in the order they finish.
 
-    Results that become final together (a thread group hands its results over at once) go out
-    in one chunk; when that is all of them (a batch of quick steps) the answer is a plain
-    Content-Length body. A slow call delays no other call's answer, only the end of the response.
+    The first results wait up to `HOLD_S` for the others; when all come within it (a batch of
+    quick steps) the answer is one plain Content-Length body. After that, results that become
+    final together (a thread group hands its results over at once) go out in one chunk. A slow
+    call delays the others' answers by at most `HOLD_S`, and the end of the response.
     """
 
     media_type = NDJSON
@@ -118,26 +126,34 @@ class StreamedBatch(Response):
         self.calls = calls
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        lines: list[bytes] = []
+        lines: list[tuple[int, bytes]] = []
         wake = asyncio.Event()
 
         def emit(i: int, result: dict[str, Any]) -> None:
-            lines.append(_json_line({"index": i, **result}))
+            lines.append((i, _json_line({"index": i, **result})))
             wake.set()
 
         runner = asyncio.ensure_future(run_batch(self.state, self.calls, emit))
         runner.add_done_callback(lambda _: wake.set())
         left, started = len(self.calls), False
+        hold_until = asyncio.get_running_loop().time() + HOLD_S
         try:
             while left:
-                if not lines:
-                    if runner.done():
-                        break  # it never ends with a call unanswered; if it did, the client says so
+                if not lines and runner.done():
+                    break  # it never ends with a call unanswered; if it did, the client says so
+                holding = not started and len(lines) < left
+                if not lines or (holding and asyncio.get_running_loop().time() < hold_until):
                     wake.clear()
-                    await wake.wait()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(hold_until if lines else None):
+                            await wake.wait()
                     continue
-                chunk, lines[:] = b"".join(lines), []
-                left -= chunk.count(b"\n")  # JSON escapes newlines in strings: one per record
+                # In call order within a chunk: the client resumes its callers in the order
+                # of the lines, so a batch answered at once resumes them as in-process calls
+                # would (and as an answer that is not streamed does), which keeps runs identical.
+                lines.sort(key=lambda line: line[0])
+                chunk, left = b"".join(line for _, line in lines), left - len(lines)
+                lines.clear()
                 if not started:
                     # All answered at once (a batch of quick steps): a plain body, as few writes
                     # as an answer that is not streamed. Else chunked, one chunk per burst.
