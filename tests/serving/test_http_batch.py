@@ -297,3 +297,29 @@ def test_a_streamed_batch_answers_what_the_batch_answers(server):
             shapes[accept] = [_shape(x) for x in results]
     assert shapes["application/json"] == shapes[NDJSON]
     assert [status for status, _ in shapes[NDJSON]] == [200, 404, 422, 422, 200]
+
+
+def test_a_quick_streamed_batch_comes_in_one_piece_and_a_slow_one_in_chunks(server):
+    with http(server) as c:
+        quick = [_ready(c, "fault_count", episode_len=5) for _ in range(4)]
+        slow = _ready(c, "fault_sleep", where="step", seconds=0.3)
+        step = {"action": "x", "seq": 1}
+        at_once = c.post(
+            "/v1/batch",
+            json={"calls": [{"instance_id": i, "op": "step", "body": step} for i in quick]},
+            headers={"Accept": NDJSON},
+        )
+        assert "content-length" in at_once.headers and "transfer-encoding" not in at_once.headers
+        indices = [json.loads(line)["index"] for line in at_once.text.splitlines()]
+        assert indices == [0, 1, 2, 3]  # in call order, as an answer that is not streamed
+        step2 = {"action": "x", "seq": 2}
+        calls = [{"instance_id": i, "op": "step", "body": step2} for i in quick]
+        streamed = c.post(
+            "/v1/batch",
+            json={"calls": [{"instance_id": slow, "op": "step", "body": step}, *calls]},
+            headers={"Accept": NDJSON},
+        )
+        assert streamed.headers.get("transfer-encoding") == "chunked"
+        indices = [json.loads(line)["index"] for line in streamed.text.splitlines()]
+        assert indices == [1, 2, 3, 4, 0]  # the slow call's answer last
+        _batch(c, *((i, "close", {}) for i in [*quick, slow]))
