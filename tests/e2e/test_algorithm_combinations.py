@@ -11,17 +11,13 @@ import pytest
 from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES
 from steprl.config import ConfigError, load_config
 from steprl.training.trainer import train
+from tiny_runs import QUIET, small_config
 
 pytestmark = pytest.mark.e2e
 
-TINY = [
-    "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64", "model.sft.skill_steps=20", "model.sft.steps=10",
-    "model.sft.num_episodes=200", "model.sft.batch_size=32", "rollout.tasks_per_step=3",
-    "rollout.group_size=4", "rollout.max_turns=4", "rollout.max_tokens_per_turn=20",
-    "trainer.total_steps=2", "trainer.eval_tasks=4", "trainer.eval_every=0", "trainer.lr=3e-3",
-    "logging.progress=false", "logging.tensorboard=false", "logging.save_trajectories=false",
-]  # fmt: skip
+# three tasks a step (12 trajectories), shorter turns, no evaluation
+TINY = [*QUIET, "rollout.tasks_per_step=3", "rollout.max_tokens_per_turn=20", "trainer.eval_tasks=4",
+        "trainer.eval_every=0"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +26,7 @@ def cache_dir(tmp_path_factory):
 
 
 def _run(tmp_path, cache_dir, extra):
-    where = [f"run.output_dir={tmp_path}", "run.name=combo", f"model.cache_dir={cache_dir}"]
-    cfg = load_config("configs/calculator_tiny.yaml", [*TINY, *where, *extra])
+    cfg = small_config(tmp_path, "combo", [*TINY, *extra], cache_dir=cache_dir)
     result = train(cfg, log=lambda s: None)
     for m in result.history:
         # regenerations (DAPO dynamic sampling) roll out extra groups of 3 tasks x 4

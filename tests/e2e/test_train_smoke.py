@@ -6,44 +6,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from steprl.config import load_config
 from steprl.diagnostics import read_trajectories
 from steprl.training.trainer import train
+from tiny_runs import small_config
 
 pytestmark = pytest.mark.e2e
 
-SMALL = [
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_layers=1",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "model.sft.skill_steps=20",
-    "model.sft.steps=10",
-    "model.sft.num_episodes=200",
-    "model.sft.batch_size=32",
-    "rollout.tasks_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_turns=4",
-    "rollout.max_tokens_per_turn=24",
-    "trainer.total_steps=3",
-    "trainer.eval_tasks=8",
-    "trainer.eval_every=2",
-    "trainer.lr=3e-3",
-    "logging.progress=false",
-]
-
 
 def _cfg(tmp_path, name, extra=()):
-    return load_config(
-        "configs/calculator_tiny.yaml",
-        [
-            *SMALL,
-            f"run.output_dir={tmp_path / 'runs'}",
-            f"run.name={name}",
-            f"model.cache_dir={tmp_path / 'cache'}",
-            *extra,
-        ],
-    )
+    return small_config(tmp_path, name, ["trainer.total_steps=3", *extra])
 
 
 @pytest.fixture(scope="module")

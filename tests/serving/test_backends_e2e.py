@@ -13,32 +13,10 @@ import math
 
 import pytest
 
-from steprl.config import load_config
 from steprl.training.trainer import TrainResult, train
+from tiny_runs import QUIET, small_config
 
 pytestmark = pytest.mark.e2e
-
-SMALL = [
-    "model.tiny.hidden_size=32",
-    "model.tiny.num_layers=1",
-    "model.tiny.num_heads=2",
-    "model.tiny.intermediate_size=64",
-    "model.sft.skill_steps=20",
-    "model.sft.steps=10",
-    "model.sft.num_episodes=200",
-    "model.sft.batch_size=32",
-    "rollout.tasks_per_step=4",
-    "rollout.group_size=4",
-    "rollout.max_turns=4",
-    "rollout.max_tokens_per_turn=24",
-    "trainer.total_steps=2",
-    "trainer.eval_tasks=8",
-    "trainer.eval_every=2",
-    "trainer.lr=3e-3",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-    "logging.save_trajectories=false",
-]
 
 RUNTIMES = {
     "http": ["runtime.backend=http"],
@@ -48,16 +26,7 @@ RUNTIMES = {
 
 
 def _run(tmp_path, name: str, extra: list[str]) -> TrainResult:
-    cfg = load_config(
-        "configs/calculator_tiny.yaml",
-        [
-            *SMALL,
-            f"run.output_dir={tmp_path / 'runs'}",
-            f"run.name={name}",
-            f"model.cache_dir={tmp_path / 'cache'}",
-            *extra,
-        ],  # fmt: skip
-    )
+    cfg = small_config(tmp_path, name, [*QUIET, *extra])
     return train(cfg, log=lambda s: None)
 
 

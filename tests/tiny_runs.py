@@ -1,0 +1,50 @@
+"""Overrides that make the default recipe (`configs/calculator_tiny.yaml`) run in seconds.
+
+A 1-layer, 32-wide model, a few SFT steps and a handful of tasks: the e2e tests check that runs
+are complete, reproducible and the same across backends, not that the policy learns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from steprl.config import load_config
+
+SMALL = [
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.sft.skill_steps=20",
+    "model.sft.steps=10",
+    "model.sft.num_episodes=200",
+    "model.sft.batch_size=32",
+    "rollout.tasks_per_step=4",
+    "rollout.group_size=4",
+    "rollout.max_turns=4",
+    "rollout.max_tokens_per_turn=24",
+    "trainer.total_steps=2",
+    "trainer.eval_tasks=8",
+    "trainer.eval_every=2",
+    "trainer.lr=3e-3",
+    "logging.progress=false",
+]
+QUIET = ["logging.tensorboard=false", "logging.save_trajectories=false"]  # fewer files, faster
+
+
+def small_config(
+    tmp_path: Path, name: str, extra: Sequence[str] = (), *, cache_dir: Path | None = None
+) -> Any:
+    """The default recipe made small, writing under `tmp_path` (and `extra` applied last)."""
+    return load_config(
+        "configs/calculator_tiny.yaml",
+        [
+            *SMALL,
+            f"run.output_dir={tmp_path / 'runs'}",
+            f"run.name={name}",
+            f"model.cache_dir={cache_dir or tmp_path / 'cache'}",
+            *extra,
+        ],
+    )
