@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 
-from steprl.config import ConfigError, load_config
 from steprl.serving.command import serve_env
+
+if TYPE_CHECKING:
+    from steprl.config import Config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="steprl: agentic RL for tool-using LMs.")
 console = Console()
 
 
-def _load(config: Path | None, overrides: list[str]):
+def _load(config: Path | None, overrides: list[str]) -> Config:
+    # imported here, not at the top: steprl.config imports torch (~1.5 s), which `steprl --help`
+    # and `steprl serve-env` do not need
+    from steprl.config import ConfigError, load_config
+
     try:
         return load_config(config, overrides)
     except ConfigError as err:
