@@ -123,7 +123,7 @@ def env_failed(inst: Instance | None, method: str, exc: Exception) -> ServeError
     return ServeError(500, "env_error", f"{where}{method}() raised {type(exc).__name__}: {exc}")
 
 
-async def guarded(state: ServerState, inst: Instance, what: str, work: Callable[[], Awaitable[T]]) -> T:
+async def _guarded(state: ServerState, inst: Instance, what: str, work: Callable[[], Awaitable[T]]) -> T:
     """Run one handler's work on `inst` under the handler deadline (504 + destroy on expiry)."""
     timeout = state.settings.handler_timeout_s
     inst.busy += 1
@@ -235,7 +235,7 @@ async def do_reset(state: ServerState, instance_id: str, body: ResetRequest) -> 
         async with inst.lock:
             table.get(instance_id)  # closed while this call waited for the lock?
             if inst.state is InstanceState.BROKEN:
-                raise broken()
+                raise _broken()
             task = task_from_wire(body.task)
             try:
                 obs = observation_to_wire(await call_env(threads, inst.env.reset, task, body.seed))
@@ -246,7 +246,7 @@ async def do_reset(state: ServerState, instance_id: str, body: ResetRequest) -> 
             inst.state, inst.seq, inst.last = InstanceState.READY, 0, None
             return obs
 
-    return await guarded(state, inst, "reset", work)
+    return await _guarded(state, inst, "reset", work)
 
 
 async def do_step(state: ServerState, instance_id: str, body: StepRequest) -> TransitionMsg:
@@ -268,7 +268,7 @@ async def do_step(state: ServerState, instance_id: str, body: StepRequest) -> Tr
                 raise env_failed(inst, "step", exc) from None
             return step_record(inst, body, raw)
 
-    return await guarded(state, inst, "step", work)
+    return await _guarded(state, inst, "step", work)
 
 
 def step_replay(state: ServerState, inst: Instance, body: StepRequest) -> TransitionMsg | None:
@@ -306,7 +306,7 @@ async def do_close(state: ServerState, instance_id: str) -> ClosedResponse:
     return ClosedResponse()
 
 
-def broken() -> ServeError:
+def _broken() -> ServeError:
     return ServeError(409, "instance_broken", "this env raised earlier; close it and create a new one")
 
 
@@ -318,7 +318,7 @@ def _check_can_step(inst: Instance, seq: int) -> None:
             409, "episode_over", "the episode is over (terminated or truncated); reset for another"
         )
     if inst.state is InstanceState.BROKEN:
-        raise broken()
+        raise _broken()
     if seq != inst.seq + 1:
         raise ServeError(
             409,
