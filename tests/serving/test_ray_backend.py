@@ -218,6 +218,55 @@ def test_env13_worker_killed_mid_rollout_others_complete_and_it_is_replaced(back
 # ---- rollout workers -------------------------------------------------------------------------
 
 
+class SleepOnTaskEnv(CalculatorEnv):
+    """Calculator whose sync `step` sleeps `delay_s` on the tasks named in `slow_ids`."""
+
+    def __init__(self, slow_ids: tuple[str, ...] = (), delay_s: float = 1.0) -> None:
+        super().__init__()
+        self.slow_ids, self.delay_s, self.task_id = slow_ids, delay_s, ""
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        self.task_id = task.id
+        return super().reset(task, seed)
+
+    def step(self, action: str) -> Transition:
+        if self.task_id in self.slow_ids:
+            time.sleep(self.delay_s)
+        return super().step(action)
+
+
+def test_calls_of_one_tick_share_an_actor_call_and_a_slow_one_holds_back_no_other(backends):
+    """Episodes on one worker that step together travel in one actor call (`run_batch`); the
+    slow step is answered later by a call of its own, while the quick ones go on."""
+    register(replace(get_spec("calculator"), name="ray_sleepy", factory=SleepOnTaskEnv), replace=True)
+    tasks = _tasks(6)
+    backend = backends("ray_sleepy", {"slow_ids": (tasks[0].id,), "delay_s": 1.0}, num_workers=1)
+
+    async def go() -> tuple[list[float], list[str]]:
+        envs = [backend.make_env(t) for t in tasks]
+        await asyncio.gather(*(e.reset(t, 0) for e, t in zip(envs, tasks, strict=True)))
+        before = dict(backend.call_counts)
+        t0 = time.monotonic()
+        done_at: list[float] = [0.0] * len(envs)
+
+        async def step(k: int) -> str:
+            out = await envs[k].step("<answer>0</answer>")
+            done_at[k] = time.monotonic() - t0
+            return out.observation
+
+        observations = await asyncio.gather(*(step(k) for k in range(len(envs))))
+        after = dict(backend.call_counts)
+        await asyncio.gather(*(e.close() for e in envs))
+        assert after["calls"] - before["calls"] == len(envs)
+        assert after["batches"] - before["batches"] == 1  # one actor call for the 6 steps
+        assert after.get("late", 0) - before.get("late", 0) == 1  # the slow one, fetched on its own
+        return done_at, observations
+
+    done_at, observations = asyncio.run(go())
+    assert max(done_at[1:]) < 0.6 and done_at[0] >= 0.9
+    assert all(isinstance(o, str) for o in observations)
+
+
 def _hf_pieces(tokenizer):
     budgets = Budgets(max_turns=2, max_tokens_per_turn=10)
     return PlainFormat(tokenizer), AppendOnly(), SamplingParams(temperature=1.0), budgets

@@ -26,6 +26,8 @@ import asyncio
 import itertools
 import math
 import os
+import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, Transition
 from steprl.envs.registry import get_spec
+from steprl.serving.ray_batch import RayCalls
 from steprl.serving.ray_envs import EnvFailure, EnvMeta, EnvWorker, WorkerStats
 from steprl.types import Task
 
@@ -81,6 +84,7 @@ class RayEnvTimeout(EnvTimeout):
 
 
 _EnvWorkerActor = ray.remote(EnvWorker)
+_Worker = tuple[int, int]  # (slot, generation): one worker actor
 #: How long a worker may take to answer `destroy` before it is replaced (its loop is stuck).
 #: An `EnvTimeout` is raised at most this long after the call's own deadline.
 _DESTROY_GRACE_S = 5.0
@@ -109,7 +113,9 @@ class RayEnv:
         self._actor = slot.actor
         self._id = instance_id
         self._timeout_s = backend.call_timeout_s
-        self._created = slot.actor.create.remote(instance_id)
+        # Created at the first reset, batched with the other episodes' creates (or at once, when
+        # stop_strings / system_prompt are read before that).
+        self._created: Any = None
         self._meta: EnvMeta | None = None
         self._released = False
 
@@ -123,25 +129,32 @@ class RayEnv:
 
     async def reset(self, task: Task, seed: int) -> Observation:
         if self._meta is None:
-            self._meta = await self._await("create", self._created)
-        obs: Observation = await self._await("reset", self._actor.reset.remote(self._id, task, seed))
+            created = self._created if self._created is not None else self._call("create")
+            self._meta = await self._await("create", created)
+        obs: Observation = await self._await("reset", self._call("reset", task, seed))
         return obs
 
     async def step(self, action: str) -> Transition:
-        transition: Transition = await self._await("step", self._actor.step.remote(self._id, action))
+        transition: Transition = await self._await("step", self._call("step", action))
         return transition
 
     async def close(self) -> None:
         if self._released:
             return
         try:
-            await self._await("close", self._actor.close.remote(self._id))
+            await self._await("close", self._call("close"))
         finally:
             self._release()
+
+    def _call(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """Sent with the other calls made to this worker in this event-loop tick."""
+        return self._backend._calls(self._index, self._generation, self._actor).call(self._id, method, *args)
 
     def _meta_blocking(self) -> EnvMeta:
         """The loop reads these after `reset` (already fetched); direct users may read them first."""
         if self._meta is None:
+            if self._created is None:
+                self._created = self._actor.create.remote(self._id)
             try:
                 reply = ray.get(self._created, timeout=self._timeout_s)
             except RayActorError as exc:
@@ -163,7 +176,9 @@ class RayEnv:
         try:
             reply = await asyncio.wait_for(ref, self._timeout_s)
         except TimeoutError:
-            ray.cancel(ref)  # stops an async env's coroutine; a sync env's thread runs on
+            if isinstance(ref, ray.ObjectRef):
+                ray.cancel(ref)  # stops an async env's coroutine; a sync env's thread runs on
+            # (a batched call is stopped by the worker's `destroy`, below)
             self._release()
             await self._backend._abandon(self._index, self._generation, self._id)
             raise EnvTimeout(
@@ -242,6 +257,13 @@ class RayEnvBackend:
         self._ids = itertools.count()
         self._prefix = os.urandom(4).hex()
         self._closed = False
+        #: env calls sent to the workers: "calls", in "batches" (actor calls), "late" (answered
+        #: after their batch, by a call of their own)
+        self.call_counts: Counter[str] = Counter()
+        # per event loop: (slot, generation) -> the batcher of calls to that worker actor
+        self._batchers: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[int, int], RayCalls]
+        ] = weakref.WeakKeyDictionary()
         self._await_start(start_timeout_s, cpus_per_worker)
 
     @classmethod
@@ -306,6 +328,13 @@ class RayEnvBackend:
 
     def _spawn(self) -> Any:
         return _EnvWorkerActor.options(**self._options).remote(self._factory_ref, self._params, self._threads)
+
+    def _calls(self, index: int, generation: int, actor: Any) -> RayCalls:
+        per_loop = self._batchers.setdefault(asyncio.get_running_loop(), {})
+        found = per_loop.get((index, generation))
+        if found is None:
+            found = per_loop[(index, generation)] = RayCalls(actor, self.call_counts)
+        return found
 
     def _release(self, index: int, generation: int) -> None:
         slot = self._slots[index]

@@ -75,6 +75,45 @@ class EnvWorker:
         self._cancelled: set[str] = set()  # destroyed before `create` stored them
         self._call_ids = itertools.count()
         self._in_flight = 0
+        # calls of a batch still running when it answered: call id -> (instance id, task)
+        self._late: dict[int, tuple[str, asyncio.Task[Any]]] = {}
+
+    async def run_batch(self, calls: list[tuple[int, str, str, tuple[Any, ...]]], hold_s: float) -> list[Any]:
+        """Run `(call id, instance id, method, args)` calls concurrently (method: create, reset,
+        step or close); answer `(call id, result)` for those done within `hold_s` of each other's start.
+
+        One actor call for a whole tick of env calls: a Ray actor call costs ~0.7 ms of CPU, 16 in
+        one list ~0.08 ms each. A call still running after `hold_s` is answered later, by `result`
+        (a slow env holds back no other call's answer by more than `hold_s`).
+        """
+        tasks = [
+            (call_id, instance_id, asyncio.ensure_future(getattr(self, method)(instance_id, *args)))
+            for call_id, instance_id, method, args in calls
+        ]
+        await asyncio.wait([t for _, _, t in tasks], timeout=hold_s)
+        answers = []
+        for call_id, instance_id, task in tasks:
+            if task.done():
+                answers.append((call_id, task.result()))  # never raises: failures come as EnvFailure
+            else:
+                self._late[call_id] = (instance_id, task)
+        return answers
+
+    async def result(self, call_id: int) -> Any:
+        """The result of a batched call that was still running when its batch answered."""
+        entry = self._late.get(call_id)
+        if entry is None:
+            return EnvFailure("result", "UnknownCall", f"no running call {call_id} (destroyed?)", "", False)
+        instance_id, task = entry
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # this `result` call itself was cancelled
+            return EnvFailure("call", "Destroyed", f"env instance {instance_id} was destroyed", "", True)
+        finally:
+            if task.done():
+                self._late.pop(call_id, None)
 
     async def create(self, instance_id: str) -> EnvMeta | EnvFailure:
         result = await self._run(instance_id, "create", functools.partial(self._factory, **self._params))
@@ -106,6 +145,10 @@ class EnvWorker:
         inside it (calling into a busy env is unsafe); that thread counts in `stuck_threads`
         until it returns. An instance still being created is closed when its factory returns."""
         env = self._envs.pop(instance_id, None)
+        for call_id, (late_instance, task) in list(self._late.items()):
+            if late_instance == instance_id:  # a late batched call: stop it (async envs) and forget it
+                task.cancel()
+                del self._late[call_id]
         with self._lock:
             busy = instance_id in self._running.values()
             if busy:
