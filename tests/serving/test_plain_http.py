@@ -235,3 +235,21 @@ def test_an_ndjson_answer_in_one_piece_goes_line_by_line_and_other_bodies_do_not
     first, second, seen = asyncio.run(go())
     assert seen == [b'{"a":1}', b'{"b":2}'] and first.content == b""
     assert second.content == b'{"x":1}\n'  # not NDJSON: collected, never split
+
+
+def test_a_streamed_line_may_carry_a_burst_of_results() -> None:
+    from steprl.serving.client_pool import ClientPool
+    from steprl.serving.coalesce import Coalescer
+
+    async def go():
+        burst = b'[{"index":2,"status":200,"body":{"closed":true}},7,{"index":0,"status":404,"body":{}}]\n'
+        server, port, _ = await _serve(
+            [_chunked(burst, b'[{"index":1,"status":200,"body":{"closed":true}}]\n')]
+        )
+        async with server:
+            coalescer = Coalescer(f"http://127.0.0.1:{port}", {}, ClientPool())
+            return await asyncio.gather(*(coalescer.call(i, "close", None, 5.0) for i in "abc"))
+
+    answers = asyncio.run(go())
+    assert [a.status for a in answers] == [404, 200, 200]  # a non-result item (7) is skipped
+    assert all(a.data is not None for a in answers)

@@ -224,13 +224,21 @@ class _Streamed:
         self.answered = [False] * len(batch)
 
     def line(self, raw: bytes) -> None:
-        """One NDJSON line; one that is not a well-formed result is skipped (see `rest`)."""
+        """One NDJSON line: an array of results (or one result); an item that is not a
+        well-formed result is skipped (see `rest`)."""
         try:
-            item = json.loads(raw)
+            items = json.loads(raw)
+        except ValueError:
+            return
+        for item in items if isinstance(items, list) else [items]:
+            self._one(item)
+
+    def _one(self, item: Any) -> None:
+        try:
             k, status = item["index"], item["status"]
             headers = item.get("headers") or {}
             well_formed = type(k) is int and 0 <= k < len(self.batch) and type(status) is int
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError):
             return
         if not well_formed or self.answered[k] or not isinstance(headers, dict):
             return

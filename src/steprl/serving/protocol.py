@@ -13,7 +13,8 @@ never a silently ignored field)::
 `/v1/batch` carries many create/reset/step/close calls in one request (the client coalesces the calls
 its episodes make in the same event-loop tick): each call's `body` is that route's body, each
 result the status and body that route would have answered, in call order; or, when the request
-accepts `application/x-ndjson`, streamed one line per call as each finishes, with its `index`.
+accepts `application/x-ndjson`, streamed as the calls finish: one line per burst, an array of
+results that each carry their call's `index`.
 
 `key` is a create's idempotency key: a create repeated with the same key (a retry whose first
 answer was lost) is answered with the instance the first one made, if it still lives.
@@ -106,8 +107,8 @@ class ErrorEnvelope(_Wire):
 
 #: Calls per batch: bounds the work one request can queue (the body cap bounds its bytes).
 MAX_BATCH_CALLS = 512
-#: The media type of a streamed batch answer: one `{"index", "status", "body", "headers"}` JSON
-#: line per call, in the order the calls finish (asked for with `Accept`).
+#: The media type of a streamed batch answer (asked for with `Accept`): one JSON line per burst
+#: of calls that finished together, an array of `{"index", "status", "body", "headers"}`.
 NDJSON = "application/x-ndjson"
 
 
