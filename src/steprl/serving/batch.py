@@ -27,7 +27,6 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from steprl.serving.handlers import (
-    MAX_MESSAGE_CHARS,
     ServerState,
     busy,
     do_close,
@@ -46,12 +45,11 @@ from steprl.serving.protocol import (
     ClosedResponse,
     CreateRequest,
     CreateResponse,
-    ErrorBody,
-    ErrorEnvelope,
     ObservationMsg,
     ResetRequest,
     StepRequest,
     TransitionMsg,
+    error_body,
 )
 from steprl.serving.threads import Overloaded, is_async
 
@@ -314,8 +312,7 @@ def _error(exc: ServeError) -> dict[str, Any]:
 
 
 def _item(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    body = ErrorEnvelope(error=ErrorBody(type=type_, message=message[:MAX_MESSAGE_CHARS]))
-    return {"status": status, "body": body.model_dump(), "headers": headers or {}}
+    return {"status": status, "body": error_body(type_, message), "headers": headers or {}}
 
 
 async def batch_call(state: ServerState, call: BatchCall) -> dict[str, Any]:

@@ -39,7 +39,6 @@ from steprl.serving.threads import Overloaded, WorkerThreads, call_env
 
 logger = logging.getLogger("steprl.serving.server")
 T = TypeVar("T")
-MAX_MESSAGE_CHARS = 2000
 
 
 @dataclass

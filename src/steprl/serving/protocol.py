@@ -105,6 +105,14 @@ class ErrorEnvelope(_Wire):
     error: ErrorBody
 
 
+MAX_MESSAGE_CHARS = 2000  # an error message longer than this is cut
+
+
+def error_body(type_: str, message: str) -> dict[str, Any]:
+    """The body of every error answer: routes, batched calls and the security middlewares."""
+    return ErrorEnvelope(error=ErrorBody(type=type_, message=message[:MAX_MESSAGE_CHARS])).model_dump()
+
+
 #: Calls per batch: bounds the work one request can queue (the body cap bounds its bytes).
 MAX_BATCH_CALLS = 512
 #: The media type of a streamed batch answer (asked for with `Accept`): one JSON line per burst

@@ -13,19 +13,20 @@ Why each piece exists (reference/reliability.md §5):
 * `header_deadline_protocol`: uvicorn has no timeout for a request's headers, so a client that
   trickles them (slowloris) holds a connection, and a `limit_concurrency` slot, forever.
 
-Each middleware writes the same error envelope as the app (`protocol.ErrorEnvelope`).
+Each middleware writes the same error envelope as the app (`protocol.error_body`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
-from steprl.serving.protocol import ErrorBody, ErrorEnvelope
+from steprl.serving.protocol import error_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -49,7 +50,7 @@ async def send_error(
     close: bool = False,
 ) -> None:
     """Answer with the error envelope straight on the ASGI `send` (no framework involved)."""
-    body = ErrorEnvelope(error=ErrorBody(type=type_, message=message)).model_dump_json().encode()
+    body = json.dumps(error_body(type_, message), ensure_ascii=False, separators=(",", ":")).encode()
     head = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

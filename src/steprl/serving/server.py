@@ -47,7 +47,6 @@ from starlette.routing import Route
 from steprl.serving import security
 from steprl.serving.batch import StreamedBatch, run_batch_list
 from steprl.serving.handlers import (
-    MAX_MESSAGE_CHARS,
     ServerState,
     do_close,
     do_create,
@@ -62,12 +61,11 @@ from steprl.serving.protocol import (
     ClosedResponse,
     CreateRequest,
     CreateResponse,
-    ErrorBody,
-    ErrorEnvelope,
     ObservationMsg,
     ResetRequest,
     StepRequest,
     TransitionMsg,
+    error_body,
 )
 from steprl.serving.settings import Settings
 from steprl.serving.threads import WorkerThreads
@@ -99,8 +97,7 @@ class _Counting:
 
 
 def _envelope(status: int, type_: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorEnvelope(error=ErrorBody(type=type_, message=message[:MAX_MESSAGE_CHARS]))
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    return JSONResponse(error_body(type_, message), status_code=status, headers=headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
