@@ -106,6 +106,11 @@ class AlgorithmSection(_Section):
     kl_coef: float = Field(0.0, ge=0)  # > 0 keeps a frozen reference copy of the initial policy
     kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
     kl_in: Literal["loss", "reward"] = "loss"
+    # KL in the reward only (verl algorithm.kl_ctrl): fixed beta = kl_coef, or adaptive (Ziegler
+    # et al.): after each step beta *= 1 + clip(kl / kl_target - 1, +-0.2) * n / kl_horizon
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    kl_target: float = Field(0.1, gt=0)
+    kl_horizon: int = Field(10000, gt=0)
     critic: Literal["none", "separate", "shared"] = "none"  # gae / step_gae / bi_level_gae need one
     critic_lr: float = Field(1e-4, gt=0)
     vf_coef: float = Field(0.5, ge=0)  # shared critic: weight of the value loss
@@ -143,6 +148,12 @@ class AlgorithmSection(_Section):
         _check_params("algorithm.filter_params", GROUP_FILTERS[self.group_filter], self.filter_params)
         if self.aggregation == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
             raise ValueError("seq-mean-token-sum-norm needs algorithm.loss_scale_factor (a pinned constant)")
+        if self.kl_ctrl == "adaptive" and (self.kl_in != "reward" or self.kl_coef <= 0):
+            raise ValueError(
+                "algorithm.kl_ctrl=adaptive adapts the KL coefficient of the reward: set "
+                "algorithm.kl_in=reward and algorithm.kl_coef > 0 (its start value, e.g. 0.001), "
+                "or use kl_ctrl=fixed"
+            )
         if ADVANTAGE_NEEDS_CRITIC.get(self.advantage) and self.critic == "none":
             raise ValueError(
                 f"advantage {self.advantage!r} needs a critic: set algorithm.critic=separate|shared"

@@ -4,11 +4,13 @@ Tiny model and budgets: this checks wiring (names, shapes, critic plumbing, skip
 not learning. Learning per estimator is measured by benchmarks/algorithms.py.
 """
 
+import itertools
 import math
 
 import pytest
 
 from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES
+from steprl.algorithms.losses import adaptive_kl_beta
 from steprl.config import ConfigError, load_config
 from steprl.training.trainer import train
 from tiny_runs import QUIET, small_config
@@ -101,6 +103,23 @@ def test_empty_batch_after_filtering_skips_the_step(tmp_path, cache_dir):
     assert result.history[-1]["policy/version"] == 0  # no update was pushed
 
 
+def test_the_adaptive_kl_coefficient_follows_its_controller(tmp_path, cache_dir):
+    """KL in the reward with kl_ctrl=adaptive: each step's coefficient is the last one moved by
+    the observed KL (verl AdaptiveKLController); with kl_ctrl=fixed it stays kl_coef."""
+    kl = ["algorithm.kl_coef=0.01", "algorithm.kl_in=reward", "trainer.total_steps=3"]
+    adaptive = ["algorithm.kl_ctrl=adaptive", "algorithm.kl_target=0.001", "algorithm.kl_horizon=100"]
+    history = _run(tmp_path, cache_dir, [*kl, *adaptive]).history
+    assert history[0]["actor/reward_kl_coef"] == 0.01
+    for before, after in itertools.pairwise(history):
+        expected = adaptive_kl_beta(
+            before["actor/reward_kl_coef"], before["actor/reward_kl"], 0.001, int(before["train/rows"]), 100
+        )
+        assert after["actor/reward_kl_coef"] == pytest.approx(expected, rel=1e-12)
+    assert len({m["actor/reward_kl_coef"] for m in history}) == 3  # it moved every step
+    fixed = _run(tmp_path / "fixed", cache_dir, kl).history
+    assert [m["actor/reward_kl_coef"] for m in fixed] == [0.01] * 3
+
+
 def test_bad_algorithm_params_name_the_allowed_keys():
     with pytest.raises(ConfigError, match="allowed keys"):
         load_config(None, ["algorithm.advantage=gigpo", "algorithm.advantage_params={gama: 0.9}"])
@@ -108,3 +127,7 @@ def test_bad_algorithm_params_name_the_allowed_keys():
         load_config(None, ["algorithm.advantage=gae", "algorithm.advantage_params={}"])
     with pytest.raises(ConfigError, match="loss_scale_factor"):
         load_config(None, ["algorithm.aggregation=seq-mean-token-sum-norm"])
+    with pytest.raises(ConfigError, match="kl_in=reward"):
+        load_config(None, ["algorithm.kl_ctrl=adaptive", "algorithm.kl_coef=0.001"])  # KL in the loss
+    with pytest.raises(ConfigError, match="kl_ctrl"):
+        load_config(None, ["algorithm.kl_ctrl=pid"])

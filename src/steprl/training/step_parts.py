@@ -140,10 +140,13 @@ def with_kl_in_reward(
     *,
     beta: float,
     kind: str,
-) -> AdvantageInputs:
+) -> tuple[AdvantageInputs, float]:
     """KL in the reward (verl `use_kl_in_reward`): every action token's reward gets
     `-beta * kl(behaviour, reference)`, and each trajectory's outcome reward the sum over its
-    tokens, so token-level and outcome estimators both see the penalty."""
+    tokens, so token-level and outcome estimators both see the penalty.
+
+    Also returns the observed KL as verl measures it for its controller: the mean over rows of
+    each row's token-mean KL (`masked_mean(kl, mask, axis=-1).mean()`)."""
     ref = torch.zeros_like(inputs.mask)
     behav = torch.zeros_like(inputs.mask)
     for i, (r, s) in enumerate(zip(ref_logp, samples, strict=True)):
@@ -152,4 +155,6 @@ def with_kl_in_reward(
     token_rewards = losses.kl_in_reward(inputs.token_rewards, behav, ref, inputs.mask, beta, kind)
     penalty = (token_rewards - inputs.token_rewards).sum(dim=1)
     rewards = inputs.rewards.index_add(0, inputs.row_traj, penalty)
-    return replace(inputs, token_rewards=token_rewards, rewards=rewards)
+    kl = losses.kl_penalty(behav, ref, kind) * inputs.mask
+    observed = (kl.sum(dim=1) / inputs.mask.sum(dim=1).clamp(min=1)).mean()
+    return replace(inputs, token_rewards=token_rewards, rewards=rewards), float(observed)

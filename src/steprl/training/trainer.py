@@ -21,6 +21,7 @@ import torch
 import transformers
 
 from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES, filters
+from steprl.algorithms.losses import AdaptiveKLController
 from steprl.config import Config, dump_config
 from steprl.diagnostics import (
     JsonlSink,
@@ -114,6 +115,8 @@ def _train(
     loss_spec = POLICY_LOSSES[algo.policy_loss]
     # a frozen copy of the initial policy, only when a KL term needs it
     ref_model = copy.deepcopy(policy.model).eval() if algo.kl_coef > 0 else None
+    # the KL coefficient of the reward: fixed, or adapted after every step (algorithm.kl_ctrl)
+    kl_ctl = AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
     value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
     learner = Learner(
         policy.model,
@@ -246,6 +249,7 @@ def _train(
             samples = [s for i, t in enumerate(trainable) for s in to_samples(t, i)]
             old_values = critic.values(samples) if critic else None
             abs_adv = torch.zeros(0)
+            kl_metrics: dict[str, float] = {}
             if samples:
                 inputs = build_advantage_inputs(
                     trainable,
@@ -258,9 +262,12 @@ def _train(
                 )
                 if ref_model is not None and algo.kl_in == "reward":
                     ref_logp = learner.logprobs_of(samples, ref_model)
-                    inputs = with_kl_in_reward(
-                        inputs, ref_logp, samples, beta=algo.kl_coef, kind=algo.kl_kind
+                    inputs, reward_kl = with_kl_in_reward(
+                        inputs, ref_logp, samples, beta=kl_ctl.beta, kind=algo.kl_kind
                     )
+                    kl_metrics = {"actor/reward_kl": reward_kl, "actor/reward_kl_coef": kl_ctl.beta}
+                    if algo.kl_ctrl == "adaptive":  # verl: n_steps = the rows of the batch
+                        kl_ctl = kl_ctl.update(reward_kl, len(samples))
                 out = postprocess(advantage_fn(inputs), inputs, algo)
                 samples = attach(samples, out)
                 abs_adv = trajectory_abs_advantage(out, inputs.row_traj, len(trainable))
@@ -296,6 +303,7 @@ def _train(
                 **reward_component_means(trajectories),
                 **collected.metrics,
                 **learner_stats,
+                **kl_metrics,
                 "advantage/abs_mean": float(abs_adv.mean()) if abs_adv.numel() else 0.0,
                 "train/rows": float(len(samples)),
                 "policy/version": float(engine.version),
