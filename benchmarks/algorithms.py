@@ -21,25 +21,29 @@ RUNS: dict[str, list[str]] = {
     "grpo": ["algorithm.advantage=grpo", "algorithm.advantage_params={scale_by_std: true}"],
     "dr_grpo": ["algorithm.advantage=dr_grpo"],
     "rloo": ["algorithm.advantage=rloo"],
-    "loop": ["algorithm.advantage=loop", "algorithm.policy_loss=loop_clip",
-             "algorithm.loss_params={eps: 0.1}", "algorithm.min_abs_advantage=0.01"],
+    "loop": [
+        "algorithm.advantage=loop",
+        "algorithm.policy_loss=loop_clip",
+        "algorithm.loss_params={eps: 0.1}",
+        "algorithm.min_abs_advantage=0.01",
+    ],
     "reinforce_pp": ["algorithm.advantage=reinforce_pp"],
     "reinforce_pp_baseline": ["algorithm.advantage=reinforce_pp_baseline"],
     "grpo_env_std": ["algorithm.advantage=grpo_env_std"],
-    "gae (separate critic)": ["algorithm.advantage=gae",
-                              "algorithm.critic=separate"],
-    "step_gae (separate critic)": ["algorithm.advantage=step_gae",
-                                   "algorithm.critic=separate"],
-    "bi_level_gae (shared critic)": ["algorithm.advantage=bi_level_gae",
-                                     "algorithm.critic=shared"],
+    "gae (separate critic)": ["algorithm.advantage=gae", "algorithm.critic=separate"],
+    "step_gae (separate critic)": ["algorithm.advantage=step_gae", "algorithm.critic=separate"],
+    "bi_level_gae (shared critic)": ["algorithm.advantage=bi_level_gae", "algorithm.critic=shared"],
     "gigpo": ["algorithm.advantage=gigpo", "algorithm.advantage_params={gamma: 0.95, omega: 1.0}"],
     "grpo + task_normalize": ["algorithm.advantage=grpo", "algorithm.task_normalize=true"],
     "grpo + empg": ["algorithm.advantage=grpo", "algorithm.empg={k: 1.0, k_f: 1.0, zeta: 0.1}"],
     "dapo (grpo + dynamic sampling, clip-higher, overlong)": [
-        "algorithm.advantage=grpo", "algorithm.group_filter=dapo", "algorithm.filter_regenerations=2",
+        "algorithm.advantage=grpo",
+        "algorithm.group_filter=dapo",
+        "algorithm.filter_regenerations=2",
         "algorithm.loss_params={clip_low: 0.2, clip_high: 0.28}",
-        "algorithm.overlong={max_len: 120, cache_len: 30, penalty: 1.0}"],
-}  # fmt: skip
+        "algorithm.overlong={max_len: 120, cache_len: 30, penalty: 1.0}",
+    ],
+}
 
 
 def main() -> None:
@@ -54,13 +58,21 @@ def main() -> None:
         if args.only and not any(name.startswith(o) for o in args.only.split(",")):
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = load_config("configs/calculator_tiny.yaml", [
-                "algorithm.advantage_params={}",  # each row names its own estimator's params
-                *overrides, f"trainer.total_steps={args.steps}", "trainer.eval_every=0",
-                f"trainer.eval_tasks={args.eval_tasks}", "logging.progress=false",
-                "logging.tensorboard=false", "logging.save_trajectories=false", f"run.output_dir={tmp}",
-                "run.name=bench",
-            ])  # fmt: skip
+            cfg = load_config(
+                "configs/calculator_tiny.yaml",
+                [
+                    "algorithm.advantage_params={}",  # each row names its own estimator's params
+                    *overrides,
+                    f"trainer.total_steps={args.steps}",
+                    "trainer.eval_every=0",
+                    f"trainer.eval_tasks={args.eval_tasks}",
+                    "logging.progress=false",
+                    "logging.tensorboard=false",
+                    "logging.save_trajectories=false",
+                    f"run.output_dir={tmp}",
+                    "run.name=bench",
+                ],
+            )
             t0 = time.perf_counter()
             result = train(cfg, log=lambda s: None)
             wall = time.perf_counter() - t0

@@ -85,8 +85,14 @@ def measure(name: str, concurrency: list[int], episodes: int, steps: int) -> lis
             latencies = asyncio.run(_run(backend, tasks, c, steps))
             wall = time.perf_counter() - t0
             results.append(
-                Result(name, c, len(latencies), wall, 1e3 * statistics.median(latencies),
-                       1e3 * _percentile(latencies, 0.99))  # fmt: skip
+                Result(
+                    name,
+                    c,
+                    len(latencies),
+                    wall,
+                    1e3 * statistics.median(latencies),
+                    1e3 * _percentile(latencies, 0.99),
+                )
             )
     finally:
         backend.close()

@@ -59,8 +59,11 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"{args.runs} runs each; {os.cpu_count()} cores; 1-min load average {load:.2f}")
     print(f"{'':28s} {'median ms':>10s} {'p90 ms':>10s}")
-    for name, xs in [("bare python3 -I -c pass", bare), ("Sandbox.run('pass')", boxed),
-                     ("SandboxSession cell 'pass'", cells)]:  # fmt: skip
+    for name, xs in [
+        ("bare python3 -I -c pass", bare),
+        ("Sandbox.run('pass')", boxed),
+        ("SandboxSession cell 'pass'", cells),
+    ]:
         print(f"{name:28s} {statistics.median(xs) * 1000:10.1f} {_ms(xs, 90):10.1f}")
     overhead = (statistics.median(boxed) - statistics.median(bare)) * 1000
     print(f"overhead (median - median)   {overhead:10.1f} ms")

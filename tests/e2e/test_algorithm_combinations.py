@@ -18,8 +18,13 @@ from tiny_runs import QUIET, small_config
 pytestmark = pytest.mark.e2e
 
 # three tasks a step (12 trajectories), shorter turns, no evaluation
-TINY = [*QUIET, "rollout.tasks_per_step=3", "rollout.max_tokens_per_turn=20", "trainer.eval_tasks=4",
-        "trainer.eval_every=0"]  # fmt: skip
+TINY = [
+    *QUIET,
+    "rollout.tasks_per_step=3",
+    "rollout.max_tokens_per_turn=20",
+    "trainer.eval_tasks=4",
+    "trainer.eval_every=0",
+]
 
 
 @pytest.fixture(scope="module")

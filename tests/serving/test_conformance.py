@@ -126,8 +126,14 @@ def test_invalid_action_is_an_observation_and_env_error_is_infra_failed(tokenize
 
     def setup(env: str, script: list[str]) -> RolloutSetup:
         pool = EnvPool(backend_for(env), max_concurrent=8)
-        return RolloutSetup(pool.make_env, ScriptedEngine(script, encode), fmt, AppendOnly(),
-                            SamplingParams(), Budgets(max_turns=3, max_tokens_per_turn=40))  # fmt: skip
+        return RolloutSetup(
+            pool.make_env,
+            ScriptedEngine(script, encode),
+            fmt,
+            AppendOnly(),
+            SamplingParams(),
+            Budgets(max_turns=3, max_tokens_per_turn=40),
+        )
 
     task = next(make_tasks("calculator", "train", 0))
     invalid = asyncio.run(rollout_groups([task], 1, setup("calculator", ["hello?"]), seed=0))
@@ -148,8 +154,14 @@ def test_pool_bounds_live_instances_on_every_backend(tokenizer, backend_for) -> 
     pool = EnvPool(backend_for("echo"), max_concurrent=3)
     tasks = list(islice(make_tasks("echo", "train", 0, turns=2), 6))
     script = [f"<say>{w}</say>" for w in ("alpha", "charlie", "echo", "golf", "india")]
-    setup = RolloutSetup(pool.make_env, ScriptedEngine(script, encode), PlainFormat(tokenizer), AppendOnly(),
-                         SamplingParams(), Budgets(max_turns=2, max_tokens_per_turn=24))  # fmt: skip
+    setup = RolloutSetup(
+        pool.make_env,
+        ScriptedEngine(script, encode),
+        PlainFormat(tokenizer),
+        AppendOnly(),
+        SamplingParams(),
+        Budgets(max_turns=2, max_tokens_per_turn=24),
+    )
     groups = asyncio.run(rollout_groups(tasks, 2, setup, seed=0))
     assert sum(len(g.trajectories) for g in groups) == 12
     assert all(t.end is not EndReason.INFRA_FAILED for g in groups for t in g.trajectories)

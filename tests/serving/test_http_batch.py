@@ -241,9 +241,13 @@ def test_a_slow_step_does_not_hold_back_the_answer_batched_with_it(server, plain
     clients = ClientPool(max_idle=0)
     coalescers = Coalescers(clients, plain_http=plain_http)
     slow = RemoteEnv(
-        server.url, server.token, "fault_sleep", {"where": "step", "seconds": 1.0},
-        clients=clients, coalescers=coalescers,
-    )  # fmt: skip
+        server.url,
+        server.token,
+        "fault_sleep",
+        {"where": "step", "seconds": 1.0},
+        clients=clients,
+        coalescers=coalescers,
+    )
     quick = RemoteEnv(
         server.url, server.token, "fault_count", {"episode_len": 5}, clients=clients, coalescers=coalescers
     )

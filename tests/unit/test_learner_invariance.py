@@ -28,10 +28,19 @@ def _samples(sample_rollouts):
 def _learner(model, aggregation, micro, loss="ppo_clip"):
     spec = POLICY_LOSSES[loss]
     return Learner(
-        copy.deepcopy(model), policy_loss=functools.partial(spec.fn), needs_proximal=spec.needs_proximal,
-        aggregation=aggregation, loss_scale_factor=50.0, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.99),
-        grad_clip=1e9, micro_batch_size=micro, pad_id=0, temperature=1.0,
-    )  # fmt: skip
+        copy.deepcopy(model),
+        policy_loss=functools.partial(spec.fn),
+        needs_proximal=spec.needs_proximal,
+        aggregation=aggregation,
+        loss_scale_factor=50.0,
+        lr=1e-2,
+        weight_decay=0.0,
+        betas=(0.9, 0.99),
+        grad_clip=1e9,
+        micro_batch_size=micro,
+        pad_id=0,
+        temperature=1.0,
+    )
 
 
 def _grads(learner, rows, micro):

@@ -45,8 +45,9 @@ class LossSpec:
 def _ppo_clip(
     x: PolicyLossInputs, *, clip_low: float = 0.2, clip_high: float = 0.2, dual_clip_c: float | None = None
 ) -> losses.PolicyLossOutput:
-    return losses.ppo_clip(x.logp, x.behav_logp, x.advantages, clip_low=clip_low, clip_high=clip_high,
-                           dual_clip_c=dual_clip_c)  # fmt: skip
+    return losses.ppo_clip(
+        x.logp, x.behav_logp, x.advantages, clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c
+    )
 
 
 def _loop_clip(x: PolicyLossInputs, *, eps: float = 0.1) -> losses.PolicyLossOutput:
@@ -62,9 +63,17 @@ def _decoupled_ppo(
     behav_mode: str = "mask",
     dual_clip_c: float | None = None,
 ) -> losses.PolicyLossOutput:
-    return losses.decoupled_ppo(x.logp, x.prox_logp, x.behav_logp, x.advantages, clip_low=clip_low,
-                                clip_high=clip_high, behav_cap=behav_cap, behav_mode=behav_mode,
-                                dual_clip_c=dual_clip_c)  # fmt: skip
+    return losses.decoupled_ppo(
+        x.logp,
+        x.prox_logp,
+        x.behav_logp,
+        x.advantages,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        behav_cap=behav_cap,
+        behav_mode=behav_mode,
+        dual_clip_c=dual_clip_c,
+    )
 
 
 #: name -> LossSpec
@@ -81,8 +90,9 @@ def _keep_all(group_rewards: list[torch.Tensor]) -> torch.Tensor:
     return torch.arange(len(group_rewards))
 
 
-def _ragen2_top_p(group_rewards: list[torch.Tensor], *, p: float = 0.9, eps: float = 0.01,
-                  include_zero: bool = False) -> torch.Tensor:  # fmt: skip
+def _ragen2_top_p(
+    group_rewards: list[torch.Tensor], *, p: float = 0.9, eps: float = 0.01, include_zero: bool = False
+) -> torch.Tensor:
     scores = filters.group_reward_std(group_rewards)
     return filters.ragen2_top_p_keep(scores, p, eps=eps, include_zero=include_zero)
 
@@ -96,6 +106,13 @@ GROUP_FILTERS: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 __all__ = [
-    "ADVANTAGES", "ADVANTAGE_NEEDS_CRITIC", "AGGREGATIONS", "GROUP_FILTERS", "POLICY_LOSSES",
-    "AdvantageInputs", "AdvantageOutput", "LossSpec", "PolicyLossInputs",
-]  # fmt: skip
+    "ADVANTAGES",
+    "ADVANTAGE_NEEDS_CRITIC",
+    "AGGREGATIONS",
+    "GROUP_FILTERS",
+    "POLICY_LOSSES",
+    "AdvantageInputs",
+    "AdvantageOutput",
+    "LossSpec",
+    "PolicyLossInputs",
+]

@@ -89,9 +89,14 @@ def bi_level_gae(
     x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, high_level_gamma: float = 0.95
 ) -> AdvantageOutput:
     a, ret = adv.bi_level_gae(
-        x.token_rewards, _need_values(x, "bi_level_gae"), x.mask, x.step_end,
-        gamma=gamma, lam=lam, high_level_gamma=high_level_gamma,
-    )  # fmt: skip
+        x.token_rewards,
+        _need_values(x, "bi_level_gae"),
+        x.mask,
+        x.step_end,
+        gamma=gamma,
+        lam=lam,
+        high_level_gamma=high_level_gamma,
+    )
     return AdvantageOutput(a, ret)
 
 
@@ -122,10 +127,18 @@ def gigpo(
     similarity_thresh: float | None = None,
 ) -> AdvantageOutput:
     a = step_adv.gigpo(
-        x.rewards[x.step_traj], x.step_rewards, x.group_index[x.step_traj], x.step_traj, x.step_index,
-        x.anchor_keys, gamma=gamma, omega=omega, mode=mode, cross_steps=cross_steps,
+        x.rewards[x.step_traj],
+        x.step_rewards,
+        x.group_index[x.step_traj],
+        x.step_traj,
+        x.step_index,
+        x.anchor_keys,
+        gamma=gamma,
+        omega=omega,
+        mode=mode,
+        cross_steps=cross_steps,
         similarity_thresh=similarity_thresh,
-    )  # fmt: skip
+    )
     return per_step(x, a)
 
 

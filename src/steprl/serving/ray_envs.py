@@ -168,10 +168,13 @@ class EnvWorker:
         env = self._envs.get(instance_id)
         if env is None:
             return EnvFailure(
-                method, "UnknownInstance",
+                method,
+                "UnknownInstance",
                 f"env instance {instance_id!r} is not live on this worker (closed, or destroyed after a "
-                "failure or timeout); make a new env with backend.make_env(task).", "", False,
-            )  # fmt: skip
+                "failure or timeout); make a new env with backend.make_env(task).",
+                "",
+                False,
+            )
         result = await self._run(instance_id, method, getattr(env, method), *args)
         if isinstance(result, EnvFailure):
             self._envs.pop(instance_id, None)  # never reuse an env that raised mid-call

@@ -81,9 +81,11 @@ def attach(samples: Sequence[Sample], out: AdvantageOutput) -> list[Sample]:
     rows = []
     for i, s in enumerate(samples):
         n = len(s.input_ids) - 1
-        rows.append(replace(
-            s,
-            advantages=(0.0, *out.advantages[i, :n].tolist()),
-            returns=(0.0, *out.returns[i, :n].tolist()),
-        ))  # fmt: skip
+        rows.append(
+            replace(
+                s,
+                advantages=(0.0, *out.advantages[i, :n].tolist()),
+                returns=(0.0, *out.returns[i, :n].tolist()),
+            )
+        )
     return rows

@@ -26,8 +26,19 @@ class Batch:
     returns: torch.Tensor
 
     def to(self, device: str | torch.device) -> Batch:
-        return Batch(*(t.to(device) for t in (self.input_ids, self.attention, self.loss_mask,
-                                               self.old_logp, self.advantages, self.returns)))  # fmt: skip
+        return Batch(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids,
+                    self.attention,
+                    self.loss_mask,
+                    self.old_logp,
+                    self.advantages,
+                    self.returns,
+                )
+            )
+        )
 
 
 def _fill(dst: torch.Tensor, i: int, values: Sequence[float]) -> None:

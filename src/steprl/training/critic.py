@@ -134,8 +134,15 @@ class SharedCritic:
     def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
         return per_token_values(self.policy, self.head, samples, self.pad_id, self.micro_batch_size)
 
-    def update(self, samples: Sequence[Sample], old_values: Sequence[Sequence[float]], *, epochs: int,
-               mini_batches: int, generator: torch.Generator) -> dict[str, float]:  # fmt: skip
+    def update(
+        self,
+        samples: Sequence[Sample],
+        old_values: Sequence[Sequence[float]],
+        *,
+        epochs: int,
+        mini_batches: int,
+        generator: torch.Generator,
+    ) -> dict[str, float]:
         return {}
 
 

@@ -86,8 +86,10 @@ class Learner:
             chunk = samples[m0 : m0 + self.micro_batch_size]
             b = collate(chunk, self.pad_id).to(self.device)
             logp, ent = token_logprobs(model, b.input_ids, b.attention, self.temperature)
-            out += [(logp[i, : len(s.input_ids) - 1].cpu(), ent[i, : len(s.input_ids) - 1].cpu())
-                    for i, s in enumerate(chunk)]  # fmt: skip
+            out += [
+                (logp[i, : len(s.input_ids) - 1].cpu(), ent[i, : len(s.input_ids) - 1].cpu())
+                for i, s in enumerate(chunk)
+            ]
         return out
 
     def logprobs_of(
@@ -171,8 +173,14 @@ class Learner:
         result = self.policy_loss(PolicyLossInputs(logp, b.old_logp, prox_logp.to(m.device), b.advantages))
 
         def agg(x: torch.Tensor) -> torch.Tensor:
-            return aggregate(x, m, self.aggregation, num_tokens=n_tokens, num_seqs=n_seqs,
-                             scale_factor=self.loss_scale_factor)  # fmt: skip
+            return aggregate(
+                x,
+                m,
+                self.aggregation,
+                num_tokens=n_tokens,
+                num_seqs=n_seqs,
+                scale_factor=self.loss_scale_factor,
+            )
 
         loss = agg(result.loss_per_token)
         stats: dict[str, float] = {}
@@ -192,13 +200,15 @@ class Learner:
             stats["critic/value_loss"] = vl.item() * n_tokens / max(float(m.sum()), 1.0)
         loss.backward()
         with torch.no_grad():
-            stats.update({
-                "actor/pg_loss": float(masked_mean(result.loss_per_token, m)),
-                "actor/entropy": float(masked_mean(entropy, m)),
-                "actor/clip_frac": float(masked_mean(result.clipped.float(), m)),
-                "actor/approx_kl": float(masked_mean(approx_kl_k3(logp, b.old_logp), m)),
-                "mismatch": float(((logp - b.old_logp).abs() * m).max()) if m.sum() else 0.0,
-            })  # fmt: skip
+            stats.update(
+                {
+                    "actor/pg_loss": float(masked_mean(result.loss_per_token, m)),
+                    "actor/entropy": float(masked_mean(entropy, m)),
+                    "actor/clip_frac": float(masked_mean(result.clipped.float(), m)),
+                    "actor/approx_kl": float(masked_mean(approx_kl_k3(logp, b.old_logp), m)),
+                    "mismatch": float(((logp - b.old_logp).abs() * m).max()) if m.sum() else 0.0,
+                }
+            )
         return stats
 
 

@@ -96,14 +96,18 @@ def collect_groups(
         if len(kept) >= tasks_per_step or rounds > regenerations:
             break
     kept = kept[:tasks_per_step]
-    return CollectedGroups(rollouts, kept, {
-        "filter/groups_in": float(groups_in),
-        "filter/groups_kept": float(len(kept)),
-        "filter/regenerations": float(rounds - 1),
-        "filter/skipped_step": float(not kept),
-        "infra/failed_frac": sum(not t.trainable for t in rollouts) / max(1, len(rollouts)),
-        "infra/over_budget_rounds": float(over_budget),
-    })  # fmt: skip
+    return CollectedGroups(
+        rollouts,
+        kept,
+        {
+            "filter/groups_in": float(groups_in),
+            "filter/groups_kept": float(len(kept)),
+            "filter/regenerations": float(rounds - 1),
+            "filter/skipped_step": float(not kept),
+            "infra/failed_frac": sum(not t.trainable for t in rollouts) / max(1, len(rollouts)),
+            "infra/over_budget_rounds": float(over_budget),
+        },
+    )
 
 
 def shaped_rewards(trajectories: Sequence[Trajectory], algo: AlgorithmSection) -> torch.Tensor:
@@ -112,9 +116,11 @@ def shaped_rewards(trajectories: Sequence[Trajectory], algo: AlgorithmSection) -
     if algo.overlong:
         lengths = torch.tensor([t.num_action_tokens for t in trajectories])
         rewards = rewards + filters.overlong_shaping(
-            lengths, max_len=int(algo.overlong["max_len"]), cache_len=int(algo.overlong["cache_len"]),
+            lengths,
+            max_len=int(algo.overlong["max_len"]),
+            cache_len=int(algo.overlong["cache_len"]),
             penalty=float(algo.overlong.get("penalty", 1.0)),
-        )  # fmt: skip
+        )
     return rewards
 
 

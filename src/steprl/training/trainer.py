@@ -176,7 +176,7 @@ def _train(
             num_workers=cfg.runtime.rollout_workers,
             envs=WorkerEnvs(
                 cfg.env.name, cfg.env.params, "ray", cfg.runtime.env_workers, cfg.runtime.env_call_timeout_s
-            ),  # fmt: skip
+            ),
             rule=rule,
             sampling=sampling,
             budgets=budgets,

@@ -60,8 +60,11 @@ class EchoEnv:
         self._said += 1
         done = self._said >= int(task.params["turns"])
         reward = 1.0 if done else 0.0
-        info = {"action_kind": "answer" if done else "tool_call", "tool_call_valid": True,
-                "reward_components": {"outcome": reward}}  # fmt: skip
+        info = {
+            "action_kind": "answer" if done else "tool_call",
+            "tool_call_valid": True,
+            "reward_components": {"outcome": reward},
+        }
         return Transition("" if done else f"<heard>{match.group(1)}</heard>", reward, done, info=info)
 
     def close(self) -> None:
@@ -79,8 +82,14 @@ def make_tasks(split: str, seed: int, n: int | None = None, *, turns: int = 4) -
     index = 0
     while n is None or index < n:
         word = rng.choice(words)
-        yield Task(f"echo-{split}-{seed}-{index}", f"Say {word} {turns} times.", "echo",
-                   seed=(seed * 1_000_003 + index) % 2**31, answer=word, params={"turns": turns})  # fmt: skip
+        yield Task(
+            f"echo-{split}-{seed}-{index}",
+            f"Say {word} {turns} times.",
+            "echo",
+            seed=(seed * 1_000_003 + index) % 2**31,
+            answer=word,
+            params={"turns": turns},
+        )
         index += 1
 
 

@@ -45,13 +45,30 @@ class _Capture:
         return self.head.decode("utf-8", "replace") + marker + self.tail.decode("utf-8", "replace")
 
 
-def _result(out: _Capture, err: _Capture, kind: ErrorKind, code: int | None, sig: int | None, t0: float,
-            uid: int | None, *, timed_out: bool = False, note: str = "") -> ExecResult:  # fmt: skip
+def _result(
+    out: _Capture,
+    err: _Capture,
+    kind: ErrorKind,
+    code: int | None,
+    sig: int | None,
+    t0: float,
+    uid: int | None,
+    *,
+    timed_out: bool = False,
+    note: str = "",
+) -> ExecResult:
     return ExecResult(
-        stdout=out.text(), stderr=err.text() + note, stdout_truncated=out.truncated,
-        stderr_truncated=err.truncated, exit_code=code, signal=sig, timed_out=timed_out,
-        duration_s=time.monotonic() - t0, error=kind, sandbox_uid=uid,
-    )  # fmt: skip
+        stdout=out.text(),
+        stderr=err.text() + note,
+        stdout_truncated=out.truncated,
+        stderr_truncated=err.truncated,
+        exit_code=code,
+        signal=sig,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - t0,
+        error=kind,
+        sandbox_uid=uid,
+    )
 
 
 class _CellStream:

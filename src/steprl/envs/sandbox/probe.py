@@ -83,8 +83,13 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         blocker = f"setpriv/prlimit/unshare missing, so no uid drop and no rlimits; {_FIX_UTIL}"
     per_run_uid = os.geteuid() == 0 and tools
     if os.geteuid() != 0:
-        problems.append(("per_run_uid", "not root: all runs share this user's uid, so RLIMIT_NPROC cannot "
-                                        "bound a fork bomb; run the sandbox host as root"))  # fmt: skip
+        problems.append(
+            (
+                "per_run_uid",
+                "not root: all runs share this user's uid, so RLIMIT_NPROC cannot "
+                "bound a fork bomb; run the sandbox host as root",
+            )
+        )
     found: dict[str, Any] = {}
     if blocker is None:
         limits = SandboxLimits(wall_s=10, tmpfs_bytes=8 * _MIB, file_size_bytes=3 * _MIB)
@@ -101,7 +106,7 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         "net_namespace": (found.get("ifaces") == ["lo"], f"host network interfaces are visible; {new}"),
         "tmpfs_size": (found.get("tmp") == 8 * _MIB, f"tmpfs --size ignored: disk fill unbounded; {new}"),
         "rlimits": (found.get("fsize") == 3 * _MIB, f"rlimits were not applied; {_FIX_UTIL}"),
-    }  # fmt: skip
+    }
     for name, (holds, why) in checks.items():
         if blocker is not None or not holds:
             problems.append((name, blocker or why))
@@ -111,7 +116,13 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         logger.warning("sandbox guarantee %r is NOT enforced on this host: %s", name, why)
     ok = {name: all(name != missing for missing, _ in problems) for name in (*checks, "per_run_uid")}
     return SandboxCapabilities(
-        bwrap=path, python=python, user_namespace=ok["user_namespace"], pid_namespace=ok["pid_namespace"],
-        net_namespace=ok["net_namespace"], tmpfs_size=ok["tmpfs_size"], rlimits=ok["rlimits"],
-        per_run_uid=ok["per_run_uid"], problems=tuple(problems),
-    )  # fmt: skip
+        bwrap=path,
+        python=python,
+        user_namespace=ok["user_namespace"],
+        pid_namespace=ok["pid_namespace"],
+        net_namespace=ok["net_namespace"],
+        tmpfs_size=ok["tmpfs_size"],
+        rlimits=ok["rlimits"],
+        per_run_uid=ok["per_run_uid"],
+        problems=tuple(problems),
+    )

@@ -132,8 +132,13 @@ _BWRAP_FLAGS = (
 class _Runner:
     """Builds the confinement command line, owns the uid pool, runs one process to its end."""
 
-    def __init__(self, bwrap: str | None, python: str, per_run_uid: bool,
-                 uid_range: tuple[int, int] = (200_000, 265_535)) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bwrap: str | None,
+        python: str,
+        per_run_uid: bool,
+        uid_range: tuple[int, int] = (200_000, 265_535),
+    ) -> None:
         lo, hi = uid_range
         if lo <= 0 or hi < lo:
             raise ValueError(
@@ -180,14 +185,35 @@ class _Runner:
         """
         assert self.bwrap is not None
         cpu = math.ceil(limits.cpu_s)
-        head = [_which("prlimit"), f"--cpu={cpu}:{cpu + 1}", f"--as={limits.address_space_bytes}",
-                f"--fsize={limits.file_size_bytes}", f"--nofile={limits.open_files}", "--core=0"]  # fmt: skip
+        head = [
+            _which("prlimit"),
+            f"--cpu={cpu}:{cpu + 1}",
+            f"--as={limits.address_space_bytes}",
+            f"--fsize={limits.file_size_bytes}",
+            f"--nofile={limits.open_files}",
+            "--core=0",
+        ]
         if uid is not None:  # NPROC only with a per-run uid: a shared uid counts the harness's processes
-            head = [_which("setpriv"), "--pdeathsig=KILL", "--", *head,
-                    f"--nproc={limits.max_processes + _HELPER_PROCS}", "--", _which("unshare"), "--pid",
-                    "--fork", "--kill-child", "--setuid", str(uid), "--setgid", str(uid)]  # fmt: skip
-        box = (f"--size {limits.tmpfs_bytes} --tmpfs /tmp --chdir /tmp --ro-bind-data {code_fd} "
-               f"/sandbox/main.py --remount-ro / --json-status-fd {status_fd}").split()  # fmt: skip
+            head = [
+                _which("setpriv"),
+                "--pdeathsig=KILL",
+                "--",
+                *head,
+                f"--nproc={limits.max_processes + _HELPER_PROCS}",
+                "--",
+                _which("unshare"),
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--setuid",
+                str(uid),
+                "--setgid",
+                str(uid),
+            ]
+        box = (
+            f"--size {limits.tmpfs_bytes} --tmpfs /tmp --chdir /tmp --ro-bind-data {code_fd} "
+            f"/sandbox/main.py --remount-ro / --json-status-fd {status_fd}"
+        ).split()
         return [
             *head,
             "--",
@@ -214,9 +240,14 @@ class _Runner:
         try:
             os.write(code_fd, code.encode("utf-8", "surrogatepass"))
             os.lseek(code_fd, 0, os.SEEK_SET)
-            kw: dict[str, Any] = dict(stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
-                                      pass_fds=(code_fd, status_w), start_new_session=True)  # fmt: skip
+            kw: dict[str, Any] = dict(
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={},
+                pass_fds=(code_fd, status_w),
+                start_new_session=True,
+            )
             argv = self.argv(limits, uid, code_fd, status_w)
             proc = _popen_from_spawner(argv, kw) if session else subprocess.Popen(argv, **kw)
         except BaseException:
@@ -272,13 +303,28 @@ def _run_unconfined(python: str, code: str, stdin: str, limits: SandboxLimits) -
     """Dev-only fallback: rlimits (when prlimit exists), a new session, a temp cwd, the deadline."""
     out, err = _Capture(limits.output_bytes), _Capture(limits.output_bytes)
     prlimit = shutil.which("prlimit")
-    cmd = [prlimit, f"--cpu={math.ceil(limits.cpu_s)}", f"--as={limits.address_space_bytes}",
-           f"--fsize={limits.file_size_bytes}", "--"] if prlimit else []  # fmt: skip
+    cmd = (
+        [
+            prlimit,
+            f"--cpu={math.ceil(limits.cpu_s)}",
+            f"--as={limits.address_space_bytes}",
+            f"--fsize={limits.file_size_bytes}",
+            "--",
+        ]
+        if prlimit
+        else []
+    )
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="steprl-unconfined-") as cwd:
-        proc = subprocess.Popen([*cmd, python, "-I", "-c", code], cwd=cwd, env={"PATH": "/usr/bin:/bin"},
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*cmd, python, "-I", "-c", code],
+            cwd=cwd,
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         assert proc.stdin and proc.stdout and proc.stderr
         streams = {proc.stdout.fileno(): out.feed, proc.stderr.fileno(): err.feed}
         write = _Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close)

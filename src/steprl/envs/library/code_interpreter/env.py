@@ -94,10 +94,20 @@ class CodeInterpreterEnv:
             "format": 0.0,
             "cost": self.exec_error_penalty if self._had_error else 0.0,
         }
-        return Transition("", sum(components.values()), True, info={
-            "reward_components": components, "action_kind": "answer", "tool_call_valid": None,
-            "tool_name": None, "error": None, "policy_error": False, "success": correct,
-        })  # fmt: skip
+        return Transition(
+            "",
+            sum(components.values()),
+            True,
+            info={
+                "reward_components": components,
+                "action_kind": "answer",
+                "tool_call_valid": None,
+                "tool_name": None,
+                "error": None,
+                "policy_error": False,
+                "success": correct,
+            },
+        )
 
     def _execute(self, action: str) -> Transition:
         assert self._runner is not None
@@ -117,19 +127,37 @@ class CodeInterpreterEnv:
 
     def _transition(self, obs: str, *, valid: bool, error: str | None) -> Transition:
         components = {"outcome": 0.0, "format": 0.0, "cost": 0.0}
-        return Transition(obs, 0.0, False, info={
-            "reward_components": components, "action_kind": "tool_call", "tool_call_valid": valid,
-            "tool_name": "python", "error": error, "policy_error": False,
-        })  # fmt: skip
+        return Transition(
+            obs,
+            0.0,
+            False,
+            info={
+                "reward_components": components,
+                "action_kind": "tool_call",
+                "tool_call_valid": valid,
+                "tool_name": "python",
+                "error": error,
+                "policy_error": False,
+            },
+        )
 
     def _invalid_action(self, reason: str) -> Transition:
         self._invalid += 1
         over = self._invalid > self.max_invalid_actions
         components = {"outcome": 0.0, "format": self.format_penalty, "cost": 0.0}
-        return Transition(f"<error>{reason}</error>", self.format_penalty, over, info={
-            "reward_components": components, "action_kind": "invalid", "tool_call_valid": None,
-            "tool_name": None, "error": reason, "policy_error": over,
-        })  # fmt: skip
+        return Transition(
+            f"<error>{reason}</error>",
+            self.format_penalty,
+            over,
+            info={
+                "reward_components": components,
+                "action_kind": "invalid",
+                "tool_call_valid": None,
+                "tool_name": None,
+                "error": reason,
+                "policy_error": over,
+            },
+        )
 
     def close(self) -> None:
         if self._runner is not None:

@@ -50,8 +50,14 @@ def make_tasks(split: str, seed: int, n: int | None = None, *, max_number: int =
             continue
         code = program.format(**values)
         answer = _evaluate(code)
-        yield Task(id=f"code-{split}-{seed}-{made}", prompt=prompt, env="code", seed=seed + made,
-                   answer=str(answer), params={"program": f"print({code})"})  # fmt: skip
+        yield Task(
+            id=f"code-{split}-{seed}-{made}",
+            prompt=prompt,
+            env="code",
+            seed=seed + made,
+            answer=str(answer),
+            params={"program": f"print({code})"},
+        )
         made += 1
 
 
