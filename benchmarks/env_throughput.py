@@ -26,7 +26,7 @@ from itertools import islice
 from steprl.config import RuntimeSection
 from steprl.envs.base import maybe_await
 from steprl.envs.registry import make_tasks
-from steprl.serving.backend import EnvBackend, make_backend
+from steprl.hosting.backend import EnvBackend, make_backend
 from steprl.types import Task
 
 

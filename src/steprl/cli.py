@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
-from steprl.serving.command import serve_env
+from steprl.hosting.command import serve_env
 
 if TYPE_CHECKING:
     from steprl.config import Config
@@ -106,8 +106,8 @@ def check_env_cmd(name: str = typer.Argument(..., help="A registered environment
     console.print(f"[green]{name}: ok[/green] {report}")
 
 
-# `steprl serve-env`: the env server. Defined in steprl.serving.command so that LocalEnvServer can
-# start it as `python -m steprl.serving` without importing torch.
+# `steprl serve-env`: the env server. Defined in steprl.hosting.command so that LocalEnvServer can
+# start it as `python -m steprl.hosting` without importing torch.
 app.command("serve-env")(serve_env)
 
 

@@ -10,7 +10,7 @@ worked vectors: `reference/algorithms.md` (section numbers cited per function).
 
 Step-level estimators (step GAE, GiGPO, EMPG) live in `step_advantages.py`.
 
-House rules every function here keeps (tested in tests/unit/test_advantages_lib.py):
+House rules every function here keeps (tested in tests/algorithms/test_advantages_lib.py):
 * never NaN: a group (or batch) whose values are all equal gives exactly 0, not 0/eps noise;
 * empty inputs give empty outputs of the right shape, and never raise;
 * masked (invalid) positions of every token-level output are exactly 0.

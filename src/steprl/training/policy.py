@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, 
 
 from steprl.config import Config
 from steprl.envs.registry import get_spec
-from steprl.models import sft, tiny
+from steprl.models import tiny
 from steprl.rollout.chat import PlainFormat
+from steprl.training import sft
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
 SFT_RECIPE_VERSION = 2

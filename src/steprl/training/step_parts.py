@@ -33,7 +33,7 @@ def local_rollout(setup: RolloutSetup) -> RolloutFn:
 
 
 class RemoteRollouts(Protocol):
-    """Rollouts that run elsewhere (e.g. `steprl.serving.ray_rollout.RayRolloutPool`)."""
+    """Rollouts that run elsewhere (e.g. `steprl.rollout.ray_workers.RayRolloutPool`)."""
 
     def rollout_groups(self, tasks: Sequence[Task], group_size: int, *, seed: int) -> list[Group]: ...
 

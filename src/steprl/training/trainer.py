@@ -35,14 +35,14 @@ from steprl.diagnostics import (
 )
 from steprl.diagnostics.sinks import MetricsSink
 from steprl.envs.registry import get_spec
+from steprl.hosting.backend import make_backend
+from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import packed_view, per_step_view
-from steprl.serving.backend import make_backend
-from steprl.serving.pool import EnvPool
 from steprl.training.advantage_batch import attach, build_advantage_inputs
 from steprl.training.checkpoint import save_checkpoint
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
@@ -167,7 +167,7 @@ def _train(
     rollout = local_rollout(setup)
     remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
     if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
-        from steprl.serving.ray_rollout import RayRolloutPool, WorkerEnvs
+        from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 
         remote = RayRolloutPool(
             policy.model,

@@ -35,12 +35,12 @@ from steprl.envs.base import EnvTimeout, InfraError
 from steprl.envs.library.search.retriever import local_retriever
 from steprl.envs.library.search.server import serve_retriever
 from steprl.envs.registry import make_tasks
+from steprl.hosting.backend import make_backend
+from steprl.hosting.client import HttpEnvBackend, RemoteEnv, RemoteEnvError, RetryPolicy
+from steprl.hosting.client_pool import ClientPool
+from steprl.hosting.coalesce import Coalescers
+from steprl.hosting.local_server import free_port
 from steprl.rollout.chat import PlainFormat
-from steprl.serving.backend import make_backend
-from steprl.serving.client import HttpEnvBackend, RemoteEnv, RemoteEnvError, RetryPolicy
-from steprl.serving.client_pool import ClientPool
-from steprl.serving.coalesce import Coalescers
-from steprl.serving.local_server import free_port
 from steprl.types import EndReason
 
 FAST_RETRY = RetryPolicy(max_attempts=5, base_s=0.01, max_backoff_s=0.2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from steprl.serving.security import LOOPBACK_HOSTS
+from steprl.hosting.security import LOOPBACK_HOSTS
 
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 

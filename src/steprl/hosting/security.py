@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
-from steprl.serving.protocol import error_body
+from steprl.hosting.protocol import error_body
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

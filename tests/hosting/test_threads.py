@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from steprl.serving.threads import Overloaded, WorkerThreads, call_env, is_async
+from steprl.hosting.threads import Overloaded, WorkerThreads, call_env, is_async
 
 
 def test_quick_calls_of_one_tick_run_in_order_on_one_thread() -> None:

@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 
-from steprl.serving.plain_http import PlainHttp
+from steprl.hosting.plain_http import PlainHttp
 
 
 async def _serve(answers: list[bytes], *, close_after_each: bool = False):
@@ -122,8 +122,8 @@ def test_only_plain_http_urls() -> None:
 
 def test_each_call_in_a_batch_keeps_its_own_deadline() -> None:
     """A call whose deadline passes first times out then; the batch waits for the later one."""
-    from steprl.serving.client_pool import ClientPool
-    from steprl.serving.coalesce import Coalescer
+    from steprl.hosting.client_pool import ClientPool
+    from steprl.hosting.coalesce import Coalescer
 
     async def go():
         loop = asyncio.get_running_loop()
@@ -197,8 +197,8 @@ def test_a_malformed_chunk_is_a_read_error() -> None:
 
 
 def test_a_streamed_batch_that_misses_a_call_answers_it_as_malformed() -> None:
-    from steprl.serving.client_pool import ClientPool
-    from steprl.serving.coalesce import Coalescer
+    from steprl.hosting.client_pool import ClientPool
+    from steprl.hosting.coalesce import Coalescer
 
     async def go():
         good = b'{"index":1,"status":200,"body":{"closed":true},"headers":{}}\n'
@@ -238,8 +238,8 @@ def test_an_ndjson_answer_in_one_piece_goes_line_by_line_and_other_bodies_do_not
 
 
 def test_a_streamed_line_may_carry_a_burst_of_results() -> None:
-    from steprl.serving.client_pool import ClientPool
-    from steprl.serving.coalesce import Coalescer
+    from steprl.hosting.client_pool import ClientPool
+    from steprl.hosting.coalesce import Coalescer
 
     async def go():
         burst = b'[{"index":2,"status":200,"body":{"closed":true}},7,{"index":0,"status":404,"body":{}}]\n'

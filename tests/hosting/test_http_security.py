@@ -35,12 +35,12 @@ from http_helpers import (
 )
 from typer.testing import CliRunner
 
-from steprl.serving import security
-from steprl.serving.client import HttpEnvBackend, RetryPolicy
-from steprl.serving.command import _token_file
-from steprl.serving.local_server import free_port
-from steprl.serving.server import build_app
-from steprl.serving.settings import Settings
+from steprl.hosting import security
+from steprl.hosting.client import HttpEnvBackend, RetryPolicy
+from steprl.hosting.command import _token_file
+from steprl.hosting.local_server import free_port
+from steprl.hosting.server import build_app
+from steprl.hosting.settings import Settings
 from steprl.types import EndReason
 
 MIB = 1 << 20
@@ -136,7 +136,7 @@ def test_http02_every_route_but_healthz_needs_the_bearer_token(server):
 def test_http02_a_generated_token_goes_to_a_private_file_never_to_the_output(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "STEPRL_ENV_TOKEN"}
     port = free_port()
-    argv = [sys.executable, "-m", "steprl.serving", "--port", str(port), "--graceful-shutdown", "1"]
+    argv = [sys.executable, "-m", "steprl.hosting", "--port", str(port), "--graceful-shutdown", "1"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         line = proc.stdout.readline().decode()

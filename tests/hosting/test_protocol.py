@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from steprl.serving.protocol import json_safe
+from steprl.hosting.protocol import json_safe
 
 
 class Colour(enum.Enum):

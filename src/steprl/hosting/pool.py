@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Sequence
 
 from steprl.envs.base import Env, Observation, Transition, maybe_await
-from steprl.serving.backend import EnvBackend
+from steprl.hosting.backend import EnvBackend
 from steprl.types import Task
 
 

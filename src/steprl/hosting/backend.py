@@ -2,7 +2,7 @@
 
 The agent loop only ever calls `backend.make_env(task)` and then the `Env` protocol
 (reset/step/close) on what it gets, so in-process, HTTP and Ray environments are
-interchangeable; the conformance suite (tests/serving/test_conformance.py) runs the same tests
+interchangeable; the conformance suite (tests/hosting/test_conformance.py) runs the same tests
 against all three.
 """
 
@@ -43,13 +43,13 @@ class InProcessBackend:
 
 
 def _http(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
-    from steprl.serving.client import HttpEnvBackend
+    from steprl.hosting.client import HttpEnvBackend
 
     return HttpEnvBackend.from_runtime(env, params, runtime)
 
 
 def _ray(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
-    from steprl.serving.ray_backend import RayEnvBackend
+    from steprl.hosting.ray_backend import RayEnvBackend
 
     return RayEnvBackend.from_runtime(env, params, runtime)
 

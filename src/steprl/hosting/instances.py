@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from steprl.serving.protocol import TransitionMsg
-from steprl.serving.threads import Overloaded, WorkerThreads, call_env
+from steprl.hosting.protocol import TransitionMsg
+from steprl.hosting.threads import Overloaded, WorkerThreads, call_env
 
 logger = logging.getLogger(__name__)
 

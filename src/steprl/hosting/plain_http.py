@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from steprl.serving.protocol import NDJSON
+from steprl.hosting.protocol import NDJSON
 
 _MAX_HEAD_BYTES = 64 * 1024
 _MAX_CHUNK_BYTES = 64 * 1024 * 1024

@@ -1,7 +1,7 @@
-"""`steprl serve-env`: run the env server (registered in `steprl.cli`; also `python -m steprl.serving`).
+"""`steprl serve-env`: run the env server (registered in `steprl.cli`; also `python -m steprl.hosting`).
 
 The command lives here, not in `cli.py`, so that `LocalEnvServer` can start it through
-`python -m steprl.serving` without importing the trainer's dependencies (torch), which would
+`python -m steprl.hosting` without importing the trainer's dependencies (torch), which would
 add seconds to every server start and restart.
 
 The token comes from the environment variable STEPRL_ENV_TOKEN, or is generated and written to
@@ -49,8 +49,8 @@ def serve_env(
     ),
 ) -> None:
     """Serve every registered environment over HTTP (bearer token, loopback only by default)."""
-    from steprl.serving.server import serve
-    from steprl.serving.settings import Settings, is_loopback
+    from steprl.hosting.server import serve
+    from steprl.hosting.settings import Settings, is_loopback
 
     token = os.environ.get(TOKEN_VAR, "")
     token_path: Path | None = None

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from steprl.envs.registry import get_spec
-from steprl.serving.instances import (
+from steprl.hosting.instances import (
     Instance,
     InstanceState,
     InstanceTable,
     ServeError,
     close_quietly,
 )
-from steprl.serving.protocol import (
+from steprl.hosting.protocol import (
     ClosedResponse,
     CreateRequest,
     CreateResponse,
@@ -34,10 +34,10 @@ from steprl.serving.protocol import (
     task_from_wire,
     transition_to_wire,
 )
-from steprl.serving.settings import Settings
-from steprl.serving.threads import Overloaded, WorkerThreads, call_env
+from steprl.hosting.settings import Settings
+from steprl.hosting.threads import Overloaded, WorkerThreads, call_env
 
-logger = logging.getLogger("steprl.serving.server")
+logger = logging.getLogger("steprl.hosting.server")
 T = TypeVar("T")
 
 

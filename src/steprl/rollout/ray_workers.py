@@ -32,12 +32,12 @@ from ray.exceptions import GetTimeoutError, RayError
 
 from steprl.envs.base import Env
 from steprl.envs.registry import get_spec
+from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.serving.ray_backend import RayEnvBackend, ensure_ray
 from steprl.types import EndReason, Group, Task, Trajectory
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 
-from steprl.serving.client_pool import ClientPool
-from steprl.serving.plain_http import PlainHttp, Reply
-from steprl.serving.protocol import MAX_BATCH_CALLS, NDJSON
+from steprl.hosting.client_pool import ClientPool
+from steprl.hosting.plain_http import PlainHttp, Reply
+from steprl.hosting.protocol import MAX_BATCH_CALLS, NDJSON
 
 _MAX_RETRY_AFTER_S = 60.0
 _Key = tuple[str, tuple[tuple[str, str], ...]]  # (server URL, request headers)

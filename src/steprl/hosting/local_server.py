@@ -7,7 +7,7 @@
 
 The token is generated here and handed to the child in its environment (STEPRL_ENV_TOKEN),
 never on the command line (argv is world-readable in /proc). The child runs
-`python -m steprl.serving` (the `serve-env` command without the trainer's imports) and exits
+`python -m steprl.hosting` (the `serve-env` command without the trainer's imports) and exits
 by itself if this process dies (it watches its parent). With `auto_restart=True` a monitor
 thread restarts the server whenever it exits on its own (crash, OOM kill, request recycling):
 the supervisor of reliability ENV-01 / HTTP-10. Logs go to `log_path`.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from steprl.serving.command import PARENT_VAR, TOKEN_VAR
+from steprl.hosting.command import PARENT_VAR, TOKEN_VAR
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -161,7 +161,7 @@ class LocalEnvServer:
         argv = [
             sys.executable,
             "-m",
-            "steprl.serving",
+            "steprl.hosting",
             "--host",
             self.host,
             "--port",

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from http_helpers import fault_task, http, metrics, start_server, wire_task
 
-from steprl.serving.client import HttpEnvBackend, RemoteEnv, RetryPolicy
-from steprl.serving.client_pool import ClientPool
-from steprl.serving.coalesce import Coalescers
-from steprl.serving.protocol import MAX_BATCH_CALLS, NDJSON
+from steprl.hosting.client import HttpEnvBackend, RemoteEnv, RetryPolicy
+from steprl.hosting.client_pool import ClientPool
+from steprl.hosting.coalesce import Coalescers
+from steprl.hosting.protocol import MAX_BATCH_CALLS, NDJSON
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, Transition
 from steprl.envs.registry import get_spec
-from steprl.serving.ray_batch import RayCalls
-from steprl.serving.ray_envs import EnvFailure, EnvMeta, EnvWorker, WorkerStats
+from steprl.hosting.ray_batch import RayCalls
+from steprl.hosting.ray_envs import EnvFailure, EnvMeta, EnvWorker, WorkerStats
 from steprl.types import Task
 
 __all__ = [

@@ -17,13 +17,13 @@ import torch
 from steprl.envs.base import Observation, Transition
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, make_tasks, register
+from steprl.hosting.backend import InProcessBackend
+from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.serving.backend import InProcessBackend
-from steprl.serving.pool import EnvPool
 from steprl.training.step_parts import collect_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 

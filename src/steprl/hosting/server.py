@@ -44,9 +44,9 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from steprl.serving import security
-from steprl.serving.batch import StreamedBatch, run_batch_list
-from steprl.serving.handlers import (
+from steprl.hosting import security
+from steprl.hosting.batch import StreamedBatch, run_batch_list
+from steprl.hosting.handlers import (
     ServerState,
     do_close,
     do_create,
@@ -54,8 +54,8 @@ from steprl.serving.handlers import (
     do_step,
     invalid_message,
 )
-from steprl.serving.instances import InstanceTable, ServeError, reap_forever
-from steprl.serving.protocol import (
+from steprl.hosting.instances import InstanceTable, ServeError, reap_forever
+from steprl.hosting.protocol import (
     NDJSON,
     BatchRequest,
     ClosedResponse,
@@ -67,8 +67,8 @@ from steprl.serving.protocol import (
     TransitionMsg,
     error_body,
 )
-from steprl.serving.settings import Settings
-from steprl.serving.threads import WorkerThreads
+from steprl.hosting.settings import Settings
+from steprl.hosting.threads import WorkerThreads
 
 __all__ = ["Settings", "build_app", "serve", "uvicorn_config"]
 

@@ -27,14 +27,14 @@ from steprl.envs.base import Observation, Transition, maybe_await
 from steprl.envs.check import acheck_spec
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, get_spec, make_env, make_tasks, register
+from steprl.hosting.ray_backend import RayEnvBackend
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.serving.ray_backend import RayEnvBackend
-from steprl.serving.ray_rollout import RayRolloutPool, WorkerEnvs
+from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 from steprl.types import EndReason, Group, Task
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

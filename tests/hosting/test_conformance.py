@@ -1,7 +1,7 @@
 """One conformance suite for every place an environment can live: in-process, HTTP, Ray.
 
 Every test takes the `backend_name` parameter and builds its envs through
-`steprl.serving.backend.make_backend` (what the trainer does), so the same assertions hold for
+`steprl.hosting.backend.make_backend` (what the trainer does), so the same assertions hold for
 an env in the trainer, behind `steprl serve-env` on loopback, and in Ray actors. Reference
 transitions come from the registered factory, called directly.
 """
@@ -19,13 +19,13 @@ import pytest
 from steprl.config import RuntimeSection
 from steprl.envs.base import Env, maybe_await
 from steprl.envs.registry import get_spec, make_tasks
+from steprl.hosting.backend import EnvBackend, make_backend
+from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.serving.backend import EnvBackend, make_backend
-from steprl.serving.pool import EnvPool
 from steprl.types import EndReason, Task
 
 BACKENDS = ("inprocess", "http", "ray")

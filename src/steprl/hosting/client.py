@@ -42,9 +42,9 @@ from typing import Any
 import httpx
 
 from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
-from steprl.serving.client_pool import ClientPool
-from steprl.serving.coalesce import Answer, Coalescers, answer_from
-from steprl.serving.protocol import (
+from steprl.hosting.client_pool import ClientPool
+from steprl.hosting.coalesce import Answer, Coalescers, answer_from
+from steprl.hosting.protocol import (
     CreateRequest,
     CreateResponse,
     ErrorEnvelope,
@@ -393,7 +393,7 @@ class HttpEnvBackend:
         environment variable `env_token_var`, or (url unset) a loopback server for this run."""
         import os
 
-        from steprl.serving.local_server import LocalEnvServer
+        from steprl.hosting.local_server import LocalEnvServer
 
         call_timeout = float(runtime.env_call_timeout_s)
         server = None

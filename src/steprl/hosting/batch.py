@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from steprl.serving.handlers import (
+from steprl.hosting.handlers import (
     ServerState,
     busy,
     do_close,
@@ -38,8 +38,8 @@ from steprl.serving.handlers import (
     step_record,
     step_replay,
 )
-from steprl.serving.instances import Instance, ServeError
-from steprl.serving.protocol import (
+from steprl.hosting.instances import Instance, ServeError
+from steprl.hosting.protocol import (
     NDJSON,
     BatchCall,
     ClosedResponse,
@@ -51,9 +51,9 @@ from steprl.serving.protocol import (
     TransitionMsg,
     error_body,
 )
-from steprl.serving.threads import Overloaded, is_async
+from steprl.hosting.threads import Overloaded, is_async
 
-logger = logging.getLogger("steprl.serving.server")
+logger = logging.getLogger("steprl.hosting.server")
 _Lane = list[tuple[int, Instance, StepRequest]]
 
 
