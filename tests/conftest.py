@@ -66,3 +66,62 @@ def sample_rollouts(tokenizer, small_model):
         return [t for g in groups for t in g.trajectories]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def encode(tokenizer):
+    """Text -> token ids with the embedded tokenizer (no BOS): what a `ScriptedEngine` emits."""
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.fixture
+def expert_episode(tokenizer, encode):
+    """Replay a registered env's expert through the real agent loop with a `ScriptedEngine`.
+
+    Returns a function (env_name, task, rule=AppendOnly()) -> Trajectory. The expert's actions
+    are found by playing it on a probe env first, so the trajectory has exact tokens for a
+    solved episode: the reference case for masks and views.
+    """
+    import asyncio
+    import random
+
+    from steprl.envs.base import maybe_await
+    from steprl.envs.registry import get_spec
+    from steprl.rollout.chat import PlainFormat
+    from steprl.rollout.context import AppendOnly
+    from steprl.rollout.engines.base import SamplingParams
+    from steprl.rollout.engines.scripted import ScriptedEngine
+    from steprl.rollout.loop import Budgets, run_episode
+
+    def actions_of(spec, task):
+        async def play():
+            probe = spec.factory()
+            await maybe_await(probe.reset(task, 0))
+            history, actions = [], []
+            while True:
+                action = spec.strategies["expert"](task, history, random.Random(0))
+                actions.append(action)
+                tr = await maybe_await(probe.step(action))
+                if tr.terminated or tr.truncated:
+                    await maybe_await(probe.close())
+                    return actions
+                history.append((action, tr.observation))
+
+        return asyncio.run(play())
+
+    def run(env_name, task, rule=None):
+        spec = get_spec(env_name)
+        episode = run_episode(
+            spec.factory(),
+            task,
+            engine=ScriptedEngine(actions_of(spec, task), encode),
+            fmt=PlainFormat(tokenizer),
+            rule=rule or AppendOnly(),
+            sampling=SamplingParams(),
+            budgets=Budgets(),
+            group_id="g",
+            seed=0,
+        )
+        return asyncio.run(episode)
+
+    return run

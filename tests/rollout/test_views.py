@@ -1,60 +1,21 @@
 """Loss masks: no observation or prompt token ever carries loss weight; context rules."""
 
-import asyncio
-
 import pytest
 
-from steprl.envs.registry import make_env, make_tasks
+from steprl.envs.registry import make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES, AppendOnly, DropOldObservations, KeepLastK
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
-from steprl.rollout.loop import Budgets, run_episode
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.types import EndReason
 
 
-def _expert_traj(tokenizer, rule=AppendOnly()):
+def _expert_traj(expert_episode, rule=AppendOnly()):
     task = next(make_tasks("calculator", "train", 5, min_calls=3, max_calls=3))
-    from steprl.envs.library.calculator.policies import plan
-
-    steps = plan(task.prompt)
-    del steps
-    env = make_env("calculator")
-    # replay the expert's actions through a scripted engine
-    import random
-
-    from steprl.envs.library.calculator.policies import expert
-
-    history: list[tuple[str, str]] = []
-    probe = make_env("calculator")
-    probe.reset(task, 0)
-    actions = []
-    while True:
-        a = expert(task, history, random.Random(0))
-        actions.append(a)
-        tr = probe.step(a)
-        if tr.terminated:
-            break
-        history.append((a, tr.observation))
-    engine = ScriptedEngine(actions, lambda s: tokenizer.encode(s, add_special_tokens=False))
-    return asyncio.run(
-        run_episode(
-            env,
-            task,
-            engine=engine,
-            fmt=PlainFormat(tokenizer),
-            rule=rule,
-            sampling=SamplingParams(),
-            budgets=Budgets(),
-            group_id="g",
-            seed=0,
-        )
-    )
+    return expert_episode("calculator", task, rule)
 
 
-def test_packed_view_masks_exactly_the_action_tokens(tokenizer):
-    traj = _expert_traj(tokenizer)
+def test_packed_view_masks_exactly_the_action_tokens(tokenizer, expert_episode):
+    traj = _expert_traj(expert_episode)
     assert traj.end is EndReason.ANSWERED and len(traj.steps) == 4
     s = packed_view(traj, 0)
     assert len(s.input_ids) == len(s.loss_mask) == len(s.old_logprobs)
@@ -75,8 +36,8 @@ def test_packed_view_masks_exactly_the_action_tokens(tokenizer):
     assert act_text.count("<calc>") == 3 and "<answer>" in act_text
 
 
-def test_per_step_view_masks_only_each_steps_action(tokenizer):
-    traj = _expert_traj(tokenizer)
+def test_per_step_view_masks_only_each_steps_action(expert_episode):
+    traj = _expert_traj(expert_episode)
     rows = per_step_view(traj, 2)
     assert len(rows) == len(traj.steps)
     for row, st in zip(rows, traj.steps, strict=True):
@@ -85,8 +46,8 @@ def test_per_step_view_masks_only_each_steps_action(tokenizer):
         assert row.traj_index == 2
 
 
-def test_packed_view_refuses_non_append_only_context(tokenizer):
-    traj = _expert_traj(tokenizer, rule=KeepLastK(1))
+def test_packed_view_refuses_non_append_only_context(expert_episode):
+    traj = _expert_traj(expert_episode, rule=KeepLastK(1))
     with pytest.raises(ValueError, match="append_only"):
         packed_view(traj, 0)
 
