@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
 	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
+	@# demo and test share one venv: the core plus every extra and the dev tools ([dev] = [all] + tools)
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@# bubblewrap confines model-written code (envs/sandbox/); Debian package, needs apt as root.
 	@command -v bwrap >/dev/null 2>&1 || apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
@@ -31,9 +32,13 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/steprl train configs/calculator_tiny.yaml
 
+# The house's rules, then the suite: formatting, lint, types, the import contract (layers and
+# no cycles, pyproject.toml [tool.importlinter]); module size and private names are tests.
 test: $(STAMP)
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -111,5 +111,12 @@ def check_env_cmd(name: str = typer.Argument(..., help="A registered environment
 app.command("serve-env")(serve_env)
 
 
-def main() -> None:  # pragma: no cover
-    app(sys.argv[1:])
+def main() -> None:
+    """The `steprl` command: a feature asked for without its extra is one line, not a traceback."""
+    from steprl.extras import MissingExtra
+
+    try:
+        app(sys.argv[1:])
+    except MissingExtra as err:
+        console.print(str(err), style="red", markup=False, highlight=False)
+        raise SystemExit(2) from None

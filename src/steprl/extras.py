@@ -40,6 +40,12 @@ def require(module: str, *, extra: str, feature: str) -> ModuleType:
         raise MissingExtra(missing_message(extra, feature)) from None
 
 
+def require_extra(extra: str, *, feature: str) -> None:
+    """Check that every module of `extra` imports (fail fast, before a run does any work)."""
+    for module in EXTRAS[extra]:
+        require(module, extra=extra, feature=feature)
+
+
 def missing_message(extra: str, feature: str) -> str:
     return f"{feature} needs the {extra} extra: pip install 'steprl[{extra}]'"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.check import EnvCheckError, EnvCheckReport, check_env, check_spec
 from steprl.envs.library.calculator import STRATEGIES, CalculatorEnv, make_tasks
 from steprl.envs.registry import ENVS, EnvSpec, UnknownEnvError, get_spec, make_env, register
@@ -77,8 +77,9 @@ def _spec(**changes: Any) -> EnvSpec:
     return dataclasses.replace(CALC, **{"tasks": _calc_tasks, **changes})
 
 
-class AsyncCalculator:
-    """The calculator behind async methods: the checker must await them."""
+class AsyncCalculator(Env):
+    """The calculator behind async methods: the checker must await them (and the Env defaults
+    stand in for system_prompt)."""
 
     def __init__(self, **params: Any) -> None:
         self.inner = CalculatorEnv(**params)
@@ -137,6 +138,30 @@ class NoStops(CalculatorEnv):
         self.stop_strings = "</calc>"  # a bare string, not a list
 
 
+class PromptNotStr(CalculatorEnv):
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.system_prompt = None  # type: ignore[assignment]
+
+
+class NoSystemPrompt:
+    """Duck-typed env (does not subclass Env) that forgot system_prompt."""
+
+    stop_strings = ("</calc>",)
+
+    def __init__(self, **params: Any) -> None:
+        self.inner = CalculatorEnv(**params)
+
+    def reset(self, task: Task, seed: int) -> Any:
+        return self.inner.reset(task, seed)
+
+    def step(self, action: str) -> Any:
+        return self.inner.step(action)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class CloseOnce(CalculatorEnv):
     closed = False
 
@@ -166,6 +191,8 @@ def _global_rng_tasks(split: str, seed: int, **params: Any) -> Iterator[Task]:
         ({"factory": Noisy}, "replaying task"),
         ({"factory": RaisesOnGarbage}, "must become error observations"),
         ({"factory": NoStops}, "stop_strings"),
+        ({"factory": PromptNotStr}, "system_prompt=None"),
+        ({"factory": NoSystemPrompt}, "lacks system_prompt; subclass steprl.envs.base.Env"),
         ({"factory": CloseOnce}, "idempotent"),
         ({"strategies": {**STRATEGIES, "expert": _wrong_expert}}, "expert did not solve"),
         ({"tasks": _leaky_tasks}, "train and eval share prompts"),
@@ -179,3 +206,21 @@ def test_checker_catches(changes: dict[str, Any], message: str):
         spec = dataclasses.replace(spec, tasks=CALC.tasks)
     with pytest.raises(EnvCheckError, match=message):
         check_spec(spec, n_tasks=5)
+
+
+def test_env_subclass_inherits_the_defaults_the_core_reads():
+    from steprl.envs.base import Env, Observation, Transition
+
+    class Minimal(Env):
+        def reset(self, task: Task, seed: int) -> Observation:
+            return Observation("hi")
+
+        def step(self, action: str) -> Transition:
+            return Transition("", 1.0, True)
+
+        def close(self) -> None:
+            pass
+
+    env = Minimal()
+    assert isinstance(env, Env) and env.system_prompt == "" and tuple(env.stop_strings) == ()
+

@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from steprl.types import Task
 
@@ -50,13 +50,29 @@ class Transition:
 
 @runtime_checkable
 class Env(Protocol):
-    """One episode at a time. Methods may be sync or async (the loop awaits either)."""
+    """One episode at a time. Methods may be sync or async (the loop awaits either).
 
-    @property
-    def stop_strings(self) -> Sequence[str]:
-        """Strings at which the engine must stop generating (e.g. a tool call's close tag).
-        A plain attribute satisfies this; remote envs may only know it after `reset`."""
-        ...
+    The core reads exactly these five members. `system_prompt` is the policy's instructions (the
+    tools, the action syntax); whether it enters the first prompt is the prompt format's choice
+    (`rollout/chat.py`). `stop_strings` are where the engine stops generating (e.g. a tool call's
+    close tag), so the env sees one action per turn; none means EOS or the token budget.
+
+    Subclass `Env` (``class MyEnv(Env):``) and both default to none (`""`, `()`): set them as
+    class or instance attributes. A class that does not subclass it must define them. A
+    read-only property satisfies them too (remote envs learn them when the instance is made).
+    """
+
+    if TYPE_CHECKING:  # the core only reads them: a property is as good as an attribute
+
+        @property
+        def system_prompt(self) -> str: ...
+
+        @property
+        def stop_strings(self) -> Sequence[str]: ...
+
+    else:  # plain class attributes, so a subclass may assign them in __init__
+        system_prompt: str = ""
+        stop_strings: Sequence[str] = ()
 
     def reset(self, task: Task, seed: int) -> Observation | Awaitable[Observation]: ...
 

@@ -235,20 +235,27 @@ def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
         env = spec.factory(**params)
     except Exception as exc:
         raise EnvCheckError(f"env {spec.name!r}: factory(**{params}) raised {exc!r}.") from exc
-    if not isinstance(env, Env):
-        _fail(spec.name, f"factory returned {type(env).__name__}, which lacks reset/step/close/stop_strings.")
-    stops = getattr(env, "stop_strings", None)
+    missing = [m for m in ("system_prompt", "stop_strings", "reset", "step", "close") if not hasattr(env, m)]
+    if missing or not isinstance(env, Env):
+        _fail(
+            spec.name,
+            f"factory returned {type(env).__name__}, which lacks {', '.join(missing) or 'the Env members'}; "
+            "subclass steprl.envs.base.Env (it gives system_prompt and stop_strings their defaults) "
+            "or define them.",
+        )
+    stops = env.stop_strings
     if (
         isinstance(stops, str)
         or not isinstance(stops, Sequence)
-        or not stops
         or not all(isinstance(s, str) and s for s in stops)
     ):
         _fail(
             spec.name,
-            f"stop_strings={stops!r}; give a non-empty list of non-empty strings, e.g. the "
-            "close tags of the calls and the answer (steprl.envs.parsing.stop_strings).",
+            f"stop_strings={stops!r}; give a list of non-empty strings, e.g. the close tags of the "
+            "calls and the answer (steprl.envs.parsing.stop_strings), or () to stop only at EOS.",
         )
+    if not isinstance(env.system_prompt, str):
+        _fail(spec.name, f"system_prompt={env.system_prompt!r}; give a str ('' for none).")
     return env
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from steprl.envs.base import Env
 from steprl.envs.registry import get_spec
+from steprl.extras import require_extra
 from steprl.types import Task
 
 
@@ -43,19 +44,21 @@ class InProcessBackend:
 
 
 def _http(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+    require_extra("serve", feature="runtime.backend=http")
     from steprl.hosting.client import HttpEnvBackend
 
     return HttpEnvBackend.from_runtime(env, params, runtime)
 
 
 def _ray(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+    require_extra("ray", feature="runtime.backend=ray")
     from steprl.hosting.ray_backend import RayEnvBackend
 
     return RayEnvBackend.from_runtime(env, params, runtime)
 
 
 #: runtime.backend -> (env name, env params, the config's RuntimeSection) -> EnvBackend.
-#: HTTP and Ray are imported only when picked (ray is heavy to import).
+#: HTTP and Ray are imported only when picked (ray is heavy to import, and both are extras).
 BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any], EnvBackend]] = {
     "inprocess": lambda env, params, runtime: InProcessBackend(env, params),
     "http": _http,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import typer
 
-TOKEN_VAR = "STEPRL_ENV_TOKEN"
-#: Set by `LocalEnvServer`: the server exits (gracefully) once this pid is no longer its parent.
-PARENT_VAR = "STEPRL_ENV_SERVER_PARENT"
+from steprl.extras import require_extra
+
+from steprl.hosting.protocol import PARENT_VAR, TOKEN_VAR
 
 
 def _token_file(token: str, port: int) -> Path:
@@ -49,6 +49,7 @@ def serve_env(
     ),
 ) -> None:
     """Serve every registered environment over HTTP (bearer token, loopback only by default)."""
+    require_extra("serve", feature="steprl serve-env")
     from steprl.hosting.server import serve
     from steprl.hosting.settings import Settings, is_loopback
 

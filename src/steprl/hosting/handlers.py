@@ -206,8 +206,8 @@ async def _build(state: ServerState, body: CreateRequest) -> CreateResponse:
     finally:
         state.table.release()  # the slot is the instance's (added below, no await between) or free again
     try:
-        stop_strings = [str(s) for s in getattr(env, "stop_strings", ())]
-        system_prompt = str(getattr(env, "system_prompt", "") or "")
+        stop_strings = [str(s) for s in env.stop_strings]
+        system_prompt = str(env.system_prompt)
     except Exception as exc:
         _close_late_env(state)(env)
         raise env_failed(None, f"{body.env!r} stop_strings/system_prompt", exc) from None

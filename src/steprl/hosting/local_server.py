@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from steprl.hosting.command import PARENT_VAR, TOKEN_VAR
+from steprl.hosting.protocol import PARENT_VAR, TOKEN_VAR
 
 
 def free_port(host: str = "127.0.0.1") -> int:

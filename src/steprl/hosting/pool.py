@@ -63,7 +63,7 @@ class _PooledEnv:
 
     @property
     def system_prompt(self) -> str:
-        return str(getattr(self._env(), "system_prompt", ""))
+        return self._env().system_prompt
 
     def _env(self) -> Env:
         if self._inner is None:

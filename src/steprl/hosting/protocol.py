@@ -37,6 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from steprl.envs.base import Observation, Transition
 from steprl.types import Task
 
+#: The environment variables of the server launch contract, read by both sides: the bearer token
+#: (never on a command line), and the pid `LocalEnvServer` sets so its server exits with it.
+TOKEN_VAR = "STEPRL_ENV_TOKEN"
+PARENT_VAR = "STEPRL_ENV_SERVER_PARENT"
+
 _MAX_DEPTH = 32  # deeper info structures are cut (an env bug, not worth a failed episode)
 
 

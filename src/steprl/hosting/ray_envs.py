@@ -125,7 +125,7 @@ class EnvWorker:
             self._close_quietly(env)
             return EnvFailure("create", "Abandoned", "created after the caller's deadline", "", True)
         self._envs[instance_id] = env
-        return EnvMeta(tuple(env.stop_strings), str(getattr(env, "system_prompt", "")))
+        return EnvMeta(tuple(env.stop_strings), str(env.system_prompt))
 
     async def reset(self, instance_id: str, task: Task, seed: int) -> Observation | EnvFailure:
         return await self._call(instance_id, "reset", task, seed)

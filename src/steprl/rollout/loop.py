@@ -55,7 +55,7 @@ async def run_episode(
     info: dict[str, object] = {}
     try:
         first = await maybe_await(env.reset(task, seed))
-        initial = fmt.initial_ids(getattr(env, "system_prompt", ""), first.text)
+        initial = fmt.initial_ids(env.system_prompt, first.text)
         stop_ids, stop_seqs = fmt.stop_tokens(env.stop_strings)
         for _turn in range(budgets.max_turns):
             prompt = rule.next_prompt(initial, history)

@@ -63,7 +63,7 @@ def make_demos(
         name = rng.choices(names, probs)[0]
         env = make_env(task)
         first = _sync(env.reset(task, seed))
-        ids = list(fmt.initial_ids(getattr(env, "system_prompt", ""), first.text))
+        ids = list(fmt.initial_ids(env.system_prompt, first.text))
         mask = [0] * len(ids)
         history: list[tuple[str, str]] = []
         reward = 0.0
