@@ -36,9 +36,9 @@ from steprl.envs.library.search.retriever import local_retriever
 from steprl.envs.library.search.server import serve_retriever
 from steprl.envs.registry import make_tasks
 from steprl.hosting.backend import make_backend
-from steprl.hosting.client import HttpEnvBackend, RemoteEnv, RemoteEnvError, RetryPolicy
-from steprl.hosting.client_pool import ClientPool
+from steprl.hosting.client import RemoteEnv, RemoteEnvError, RetryPolicy
 from steprl.hosting.coalesce import Coalescers
+from steprl.hosting.http_backend import HttpEnvBackend
 from steprl.hosting.local_server import free_port
 from steprl.rollout.chat import PlainFormat
 from steprl.types import EndReason
@@ -161,9 +161,8 @@ def _seqs(bodies: list[bytes]) -> list[int]:
 
 def _remote(url: str, token: str, env: str, params=None, *, coalesce: bool, **kw) -> RemoteEnv:
     """A RemoteEnv sending each call alone, or through a coalescer (as HttpEnvBackend's envs do)."""
-    clients = ClientPool(max_idle=0)
-    coalescers = Coalescers(clients) if coalesce else None
-    return RemoteEnv(url, token, env, params, clients=clients, coalescers=coalescers, **kw)
+    coalescers = Coalescers() if coalesce else None
+    return RemoteEnv(url, token, env, params, coalescers=coalescers, **kw)
 
 
 @pytest.mark.parametrize("coalesce", [False, True])
@@ -450,9 +449,6 @@ def test_env07_soak_create_step_close_cycles_keep_memory_and_fds_flat(server):
     wait_until(lambda: fd_count(server.pid) <= fds0 + 2, 5, "the server's fd count back to its baseline")
     assert metrics(server)["instances_live"] == 0
     assert zombie_children(server.pid) == []
-    # Clients (one per create or batch in flight) are reused on a loop and closed with it: two
-    # loops of 8 concurrent envs open a few each, however many cycles ran.
-    assert backend.clients.open_clients() == 0 and backend.clients.opened <= 2 * 8
 
 
 # ----------------------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from http_helpers import fault_task, http, metrics, start_server, wire_task
 
-from steprl.hosting.client import HttpEnvBackend, RemoteEnv, RetryPolicy
-from steprl.hosting.client_pool import ClientPool
+from steprl.hosting.client import RemoteEnv, RetryPolicy
 from steprl.hosting.coalesce import Coalescers
+from steprl.hosting.http_backend import HttpEnvBackend
 from steprl.hosting.protocol import MAX_BATCH_CALLS, NDJSON
 
 
@@ -148,7 +148,6 @@ def test_episodes_stepping_together_share_few_requests(server, coalesce):
         # Every episode steps in the same tick: about one request per round.
         assert requests <= 2 * (steps + 3), requests
         assert backend.coalescers is not None and backend.coalescers.batches_sent == requests
-        assert backend.clients.opened <= 2  # batches, not episodes, hold connections
     else:
         assert batched == 0 and requests == calls
     assert after["instances_live"] == before["instances_live"]
@@ -196,8 +195,8 @@ def _ready(c: httpx.Client, env: str, **params: Any) -> str:
 
 
 def test_a_batch_of_steps_with_a_hung_and_a_raising_env_answers_each_as_its_route_would(server):
-    """The step lane (one thread group, one deadline): the hung step is 504 and its instance
-    destroyed, the raising one 500 and broken, every other step applied once."""
+    """One thread group for the batch's steps: the hung step is 504 and its instance destroyed,
+    the raising one 500 and broken, every other step applied once."""
     with http(server) as c:
         quick = [_ready(c, "fault_count", episode_len=5) for _ in range(6)]
         hung = _ready(c, "fault_sleep", where="step", close_wakes=True)
@@ -238,19 +237,15 @@ def test_steps_past_the_thread_limit_are_503_with_retry_after():
 def test_a_slow_step_does_not_hold_back_the_answer_batched_with_it(server, plain_http):
     """Both steps travel in one batch; the server streams each answer as it is final, so the
     quick episode goes on while the slow env is still working."""
-    clients = ClientPool(max_idle=0)
-    coalescers = Coalescers(clients, plain_http=plain_http)
+    coalescers = Coalescers(plain_http=plain_http)
     slow = RemoteEnv(
         server.url,
         server.token,
         "fault_sleep",
         {"where": "step", "seconds": 1.0},
-        clients=clients,
         coalescers=coalescers,
     )
-    quick = RemoteEnv(
-        server.url, server.token, "fault_count", {"episode_len": 5}, clients=clients, coalescers=coalescers
-    )
+    quick = RemoteEnv(server.url, server.token, "fault_count", {"episode_len": 5}, coalescers=coalescers)
 
     async def go() -> tuple[float, bool, float, str, str]:
         loop = asyncio.get_running_loop()

@@ -36,8 +36,9 @@ from http_helpers import (
 from typer.testing import CliRunner
 
 from steprl.hosting import security
-from steprl.hosting.client import HttpEnvBackend, RetryPolicy
+from steprl.hosting.client import RetryPolicy
 from steprl.hosting.command import _token_file
+from steprl.hosting.http_backend import HttpEnvBackend
 from steprl.hosting.local_server import free_port
 from steprl.hosting.server import build_app
 from steprl.hosting.settings import Settings

@@ -122,7 +122,6 @@ def test_only_plain_http_urls() -> None:
 
 def test_each_call_in_a_batch_keeps_its_own_deadline() -> None:
     """A call whose deadline passes first times out then; the batch waits for the later one."""
-    from steprl.hosting.client_pool import ClientPool
     from steprl.hosting.coalesce import Coalescer
 
     async def go():
@@ -137,7 +136,7 @@ def test_each_call_in_a_batch_keeps_its_own_deadline() -> None:
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            coalescer = Coalescer(f"http://127.0.0.1:{port}", {}, ClientPool())
+            coalescer = Coalescer(f"http://127.0.0.1:{port}", {})
             t0 = loop.time()
             short = asyncio.ensure_future(coalescer.call("a", "step", {"action": "x", "seq": 1}, 0.2))
             long = asyncio.ensure_future(coalescer.call("b", "step", {"action": "y", "seq": 1}, 1.5))
@@ -197,7 +196,6 @@ def test_a_malformed_chunk_is_a_read_error() -> None:
 
 
 def test_a_streamed_batch_that_misses_a_call_answers_it_as_malformed() -> None:
-    from steprl.hosting.client_pool import ClientPool
     from steprl.hosting.coalesce import Coalescer
 
     async def go():
@@ -205,7 +203,7 @@ def test_a_streamed_batch_that_misses_a_call_answers_it_as_malformed() -> None:
         answer = _chunked(good, b"not json\n", b'{"index":7,"status":200}\n', b'{"index":1,"status":500}\n')
         server, port, _ = await _serve([answer])
         async with server:
-            coalescer = Coalescer(f"http://127.0.0.1:{port}", {}, ClientPool())
+            coalescer = Coalescer(f"http://127.0.0.1:{port}", {})
             return await asyncio.gather(
                 coalescer.call("a", "close", None, 5.0), coalescer.call("b", "close", None, 5.0)
             )
@@ -238,7 +236,6 @@ def test_an_ndjson_answer_in_one_piece_goes_line_by_line_and_other_bodies_do_not
 
 
 def test_a_streamed_line_may_carry_a_burst_of_results() -> None:
-    from steprl.hosting.client_pool import ClientPool
     from steprl.hosting.coalesce import Coalescer
 
     async def go():
@@ -247,7 +244,7 @@ def test_a_streamed_line_may_carry_a_burst_of_results() -> None:
             [_chunked(burst, b'[{"index":1,"status":200,"body":{"closed":true}}]\n')]
         )
         async with server:
-            coalescer = Coalescer(f"http://127.0.0.1:{port}", {}, ClientPool())
+            coalescer = Coalescer(f"http://127.0.0.1:{port}", {})
             return await asyncio.gather(*(coalescer.call(i, "close", None, 5.0) for i in "abc"))
 
     answers = asyncio.run(go())

@@ -45,7 +45,7 @@ class InProcessBackend:
 
 def _http(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
     require_extra("serve", feature="runtime.backend=http")
-    from steprl.hosting.client import HttpEnvBackend
+    from steprl.hosting.http_backend import HttpEnvBackend
 
     return HttpEnvBackend.from_runtime(env, params, runtime)
 

@@ -24,10 +24,9 @@ own deadline, retries and error classification, exactly as above. The price: a b
 when its slowest call is, so a slow env call delays the calls batched with it (never past their
 own deadlines). `coalesce=False` sends one request per call.
 
-httpx clients are bound to the event loop they were first used on, and the trainer runs one
-`asyncio.run` per rollout phase, so `ClientPool` hands each env a client made on the running
-loop, reuses it (and its open connection) for the next env on that loop, and closes it with the
-loop (see `ClientPool` for why not one client shared by all envs).
+With `coalesce=False` each env has an httpx client of its own (one keep-alive connection), made
+on the loop of its first call (httpx clients belong to a loop) and closed with the env.
+`HttpEnvBackend` (`http_backend.py`) makes these envs for a run.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ from typing import Any
 import httpx
 
 from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
-from steprl.hosting.client_pool import ClientPool
 from steprl.hosting.coalesce import Answer, Coalescers, answer_from
 from steprl.hosting.protocol import (
     CreateRequest,
@@ -96,7 +94,7 @@ class RetryPolicy:
         return rng.uniform(0.0, min(self.max_backoff_s, self.base_s * 2 ** (attempt - 1)))
 
 
-def _error_from(answer: Answer, what: str) -> RemoteEnvError:
+def error_from(answer: Answer, what: str) -> RemoteEnvError:
     try:
         error = ErrorEnvelope.model_validate(answer.data).error
         type_, message = error.type, error.message
@@ -124,7 +122,6 @@ class RemoteEnv:
         call_timeout_s: float = 30.0,
         close_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
-        clients: ClientPool | None = None,
         coalescers: Coalescers | None = None,
         stop_strings: Sequence[str] = (),
         system_prompt: str = "",
@@ -141,11 +138,9 @@ class RemoteEnv:
         self.stop_strings: Sequence[str] = tuple(stop_strings)
         self.system_prompt: str = system_prompt
         self._headers = {"Authorization": f"Bearer {token}"}
-        self._clients = clients or ClientPool(max_idle=0)  # a pool of its own: the client closes with the env
         self._coalescers = coalescers  # None: one request per call
         self._rng = rng or random.Random()
-        self._client: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None  # coalescers=None only
         self._id: str | None = None
         self._seq = 0
         self._closed = False
@@ -167,7 +162,7 @@ class RemoteEnv:
         body = ResetRequest(task=task_to_wire(task), seed=seed)
         data = await self._request("POST", f"/v1/envs/{self._id}/reset", body.model_dump(), "reset")
         self._seq, self._step_failed = 0, False
-        return observation_from_wire(_parse(ObservationMsg, data, "reset"))
+        return observation_from_wire(parse_answer(ObservationMsg, data, "reset"))
 
     async def step(self, action: str) -> Transition:
         if self._id is None or self._closed:
@@ -180,13 +175,13 @@ class RemoteEnv:
         body = StepRequest(action=action, seq=seq).model_dump()
         self._step_failed = True
         data = await self._request("POST", f"/v1/envs/{self._id}/step", body, "step")
-        transition = transition_from_wire(_parse(TransitionMsg, data, "step"))
+        transition = transition_from_wire(parse_answer(TransitionMsg, data, "step"))
         self._seq, self._step_failed = seq, False
         return transition
 
     async def close(self) -> None:
         """Close the server instance (404: already gone with a restarted server, fine) and
-        release the pooled client. Safe to call more than once."""
+        its own client. Safe to call more than once."""
         if self._closed:
             return
         self._closed = True
@@ -205,23 +200,21 @@ class RemoteEnv:
                     if err.status != 404:
                         raise
         finally:
-            await self._release_client()
+            if self._client is not None:
+                client, self._client = self._client, None
+                await client.aclose()
 
     async def _create(self) -> None:
         if self._client is None and self._coalescers is None:  # a retried create keeps its client
-            self._client = self._clients.acquire(self.url)
-            self._loop = asyncio.get_running_loop()
+            self._client = httpx.AsyncClient(trust_env=False)
         # One key for every try of this create: a retry after a lost answer gets the same instance.
         body = CreateRequest(env=self.env, params=self.params, key=uuid.uuid4().hex).model_dump()
-        created = _parse(CreateResponse, await self._request("POST", "/v1/envs", body, "create"), "create")
+        created = parse_answer(
+            CreateResponse, await self._request("POST", "/v1/envs", body, "create"), "create"
+        )
         self._id = created.instance_id
         self.stop_strings = tuple(created.stop_strings)
         self.system_prompt = created.system_prompt
-
-    async def _release_client(self) -> None:
-        if self._loop is not None and self._client is not None:
-            loop, client, self._loop, self._client = self._loop, self._client, None, None
-            await self._clients.release(loop, client)
 
     async def _request(
         self,
@@ -267,7 +260,7 @@ class RemoteEnv:
                             type_="protocol",
                         )
                     return answer.data
-                error = _error_from(answer, what)
+                error = error_from(answer, what)
                 if answer.status == 504 and error.type == "handler_timeout":
                     raise EnvTimeout(str(error))  # the server destroyed the instance: retrying is pointless
                 if answer.status not in _RETRY_STATUSES:
@@ -298,128 +291,8 @@ class RemoteEnv:
         return answer_from(response)
 
 
-def _parse(model: Any, data: Any, what: str) -> Any:
+def parse_answer(model: Any, data: Any, what: str) -> Any:
     try:
         return model.model_validate(data)
     except ValueError as err:
         raise RemoteEnvError(f"{what}: malformed answer from the server: {err}", type_="protocol") from None
-
-
-class HttpEnvBackend:
-    """`EnvBackend` whose envs live on a steprl env server (`steprl serve-env`).
-
-    `make_env` does no I/O (the agent loop calls it synchronously): each `RemoteEnv` creates its
-    server instance at its first reset. `from_runtime` connects to `runtime.env_server_url`, or
-    starts a `LocalEnvServer` for the run (stopped by `close`).
-    """
-
-    name = "http"
-
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        env: str,
-        params: Mapping[str, Any] | None = None,
-        *,
-        call_timeout_s: float = 30.0,
-        close_timeout_s: float = 5.0,
-        retry: RetryPolicy | None = None,
-        server: Any = None,
-        coalesce: bool = True,
-    ) -> None:
-        if not token:
-            raise ValueError("HttpEnvBackend needs the server's bearer token (see `steprl serve-env`)")
-        self.url = url.rstrip("/")
-        self.env = env
-        self.params = dict(params or {})
-        self.call_timeout_s = call_timeout_s
-        self.close_timeout_s = close_timeout_s
-        self.retry = retry or RetryPolicy()
-        self.clients = ClientPool()
-        # Calls of this backend's envs made in the same loop tick share one POST /v1/batch.
-        self.coalescers = Coalescers(self.clients) if coalesce else None
-        self.server = server  # a LocalEnvServer this backend owns, or None
-        self._token = token
-        self._stop_strings: Sequence[str] = ()
-        self._system_prompt = ""
-
-    def __repr__(self) -> str:  # never shows the token
-        return f"HttpEnvBackend({self.url!r}, env={self.env!r})"
-
-    def make_env(self, task: Task) -> RemoteEnv:
-        return RemoteEnv(
-            self.url,
-            self._token,
-            self.env,
-            self.params,
-            call_timeout_s=self.call_timeout_s,
-            close_timeout_s=self.close_timeout_s,
-            retry=self.retry,
-            clients=self.clients,
-            coalescers=self.coalescers,
-            stop_strings=self._stop_strings,
-            system_prompt=self._system_prompt,
-        )
-
-    def probe(self) -> None:
-        """Fail fast: create and close one instance now (checks the URL, token, env and params)
-        and remember its stop strings and system prompt for envs not yet reset."""
-        headers = {"Authorization": f"Bearer {self._token}"}
-        what = f"env server {self.url} (env {self.env!r})"
-        # One key for every try of this create: a retry after a lost answer gets the same instance.
-        body = CreateRequest(env=self.env, params=self.params, key=uuid.uuid4().hex).model_dump()
-        with httpx.Client(
-            base_url=self.url, headers=headers, timeout=self.call_timeout_s, trust_env=False
-        ) as c:
-            try:
-                response = c.post("/v1/envs", json=body)
-                if not response.is_success:
-                    raise _error_from(answer_from(response), f"probing {what}")
-                created = _parse(CreateResponse, response.json(), f"probing {what}")
-                c.delete(f"/v1/envs/{created.instance_id}")
-            except httpx.HTTPError as exc:
-                raise RemoteEnvError(f"probing {what}: {type(exc).__name__}: {exc}; is it running?") from None
-        self._stop_strings, self._system_prompt = tuple(created.stop_strings), created.system_prompt
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-    @classmethod
-    def from_runtime(cls, env: str, params: Mapping[str, Any], runtime: Any) -> HttpEnvBackend:
-        """From a `steprl.config.RuntimeSection`: `env_server_url` with the token read from the
-        environment variable `env_token_var`, or (url unset) a loopback server for this run."""
-        import os
-
-        from steprl.hosting.local_server import LocalEnvServer
-
-        call_timeout = float(runtime.env_call_timeout_s)
-        server = None
-        if runtime.env_server_url:
-            url = str(runtime.env_server_url)
-            token = os.environ.get(runtime.env_token_var, "")
-            if not token:
-                raise ValueError(
-                    f"runtime.env_server_url is {url} but the environment variable {runtime.env_token_var} "
-                    "is empty; export the server's token there (see `steprl serve-env`)"
-                )
-        else:
-            # The server's handler deadline is shorter than the client's call deadline, so a
-            # hung env is answered 504 (and destroyed) before the client gives up on it; a server
-            # that dies is restarted (its in-flight episodes end infra_failed, later ones run).
-            server = LocalEnvServer(
-                max_instances=int(runtime.max_concurrent_envs),
-                handler_timeout_s=0.8 * call_timeout,
-                auto_restart=True,
-                plugins=tuple(runtime.env_server_plugins),
-            ).start()
-            url, token = server.url, server.token
-        backend = cls(url, token, env, params, call_timeout_s=call_timeout, server=server)
-        try:
-            backend.probe()
-        except Exception:
-            backend.close()
-            raise
-        return backend

@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 
-from steprl.hosting.client_pool import ClientPool
 from steprl.hosting.plain_http import PlainHttp, Reply
 from steprl.hosting.protocol import MAX_BATCH_CALLS, NDJSON
 
@@ -95,11 +94,11 @@ class Coalescer:
     `ticks`: loop iterations a window stays open (ready callbacks of other episodes run first).
     `max_calls` / `max_bytes`: one request's bounds; a fuller window is split into several.
     `plain_http`: use `PlainHttp` for `http://` URLs (False: httpx, as for `https://`).
+    Each transport is made on first use and closed when `asyncio.run` shuts its loop down.
     """
 
     url: str
     headers: Mapping[str, str]
-    clients: ClientPool
     ticks: int = 2
     max_calls: int = MAX_BATCH_CALLS
     max_bytes: int = 512 * 1024
@@ -107,6 +106,7 @@ class Coalescer:
     counter: Counter = field(default_factory=Counter)
     _pending: list[_Call] = field(default_factory=list)
     _plain: PlainHttp | None = None
+    _httpx: httpx.AsyncClient | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def call(
@@ -124,13 +124,17 @@ class Coalescer:
             self._flush(loop)
         return await fut
 
-    def _plain_http(self, loop: asyncio.AbstractEventLoop) -> PlainHttp | None:
-        """The loop's keep-alive client for plain http:// (None: use httpx, e.g. for https)."""
-        if self._plain is None and self.plain_http and self.url.startswith("http://"):
-            self._plain = PlainHttp(self.url, self.headers)
+    def _transport(self, loop: asyncio.AbstractEventLoop) -> PlainHttp | httpx.AsyncClient:
+        """The loop's keep-alive client: `PlainHttp` for plain http://, else httpx (https)."""
+        transport: PlainHttp | httpx.AsyncClient | None = self._plain or self._httpx
+        if transport is None:
+            if self.plain_http and self.url.startswith("http://"):
+                transport = self._plain = PlainHttp(self.url, self.headers)
+            else:
+                transport = self._httpx = httpx.AsyncClient(trust_env=False)
             # asyncio.run cancels pending tasks before it closes the loop: close connections then
-            self._tasks.add(loop.create_task(_close_at_shutdown(self._plain)))
-        return self._plain
+            self._tasks.add(loop.create_task(_close_at_shutdown(transport)))
+        return transport
 
     def _tick(self, loop: asyncio.AbstractEventLoop, left: int) -> None:
         if left > 0 and self._pending:
@@ -163,12 +167,11 @@ class Coalescer:
         timeout = max(0.001, max(c.deadline for c in batch) - loop.time())
         expiry = _Expiry(loop, batch)
         streamed = _Streamed(batch)
-        plain = self._plain_http(loop)
-        client = self.clients.acquire(self.url) if plain is None else None
+        transport = self._transport(loop)
         response: httpx.Response | Reply
         try:
-            if plain is not None:
-                response = await plain.post(
+            if isinstance(transport, PlainHttp):
+                response = await transport.post(
                     "/v1/batch",
                     content,
                     content_type="application/json",
@@ -177,9 +180,8 @@ class Coalescer:
                     on_line=streamed.line,
                 )
             else:
-                assert client is not None
                 headers = {**self.headers, "Content-Type": "application/json", "Accept": NDJSON}
-                request = client.stream(
+                request = transport.stream(
                     "POST", self.url + "/v1/batch", content=content, headers=headers, timeout=timeout
                 )
                 async with request as response:
@@ -205,8 +207,6 @@ class Coalescer:
             return
         finally:
             expiry.cancel()
-            if client is not None:
-                await self.clients.release(loop, client)
         for c, answer in zip(batch, answers, strict=True):
             if answer is not None and not c.future.done():
                 c.future.set_result(answer)
@@ -280,11 +280,11 @@ class _Expiry:
         self.handle.cancel()
 
 
-async def _close_at_shutdown(plain: PlainHttp) -> None:
+async def _close_at_shutdown(transport: PlainHttp | httpx.AsyncClient) -> None:
     try:
         await asyncio.Event().wait()
     finally:
-        await plain.aclose()
+        await transport.aclose()
 
 
 def _split(response: httpx.Response | Reply, n: int) -> list[Answer]:
@@ -309,8 +309,7 @@ def _split(response: httpx.Response | Reply, n: int) -> list[Answer]:
 class Coalescers:
     """One `Coalescer` per (event loop, server URL): httpx clients and futures belong to a loop."""
 
-    def __init__(self, clients: ClientPool, **options: Any) -> None:
-        self.clients = clients
+    def __init__(self, **options: Any) -> None:
         self.options = options
         self.counter = Counter()
         self._lock = threading.Lock()
@@ -326,9 +325,7 @@ class Coalescers:
             per_url = self._by_loop.setdefault(loop, {})
             found = per_url.get(key)
             if found is None:
-                found = per_url[key] = Coalescer(
-                    url, dict(headers), self.clients, counter=self.counter, **self.options
-                )
+                found = per_url[key] = Coalescer(url, dict(headers), counter=self.counter, **self.options)
             return found
 
     @property

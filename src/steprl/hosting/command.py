@@ -19,7 +19,6 @@ from pathlib import Path
 import typer
 
 from steprl.extras import require_extra
-
 from steprl.hosting.protocol import PARENT_VAR, TOKEN_VAR
 
 
