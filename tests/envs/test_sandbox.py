@@ -201,7 +201,7 @@ def test_sbx_03_the_harness_refuses_to_run_code_as_root() -> None:
         Sandbox(uid_range=(0, 100))
     if os.geteuid() == 0:  # a run without a uid drop is refused, whatever the caller asks
         with pytest.raises(SandboxUnavailable, match="root"):
-            Sandbox()._runner.spawn("pass", FAST, None, stdin=False)
+            Sandbox().runner.spawn("pass", FAST, None, stdin=False)
 
 
 # --- SBX-04 ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from steprl.envs.sandbox import ErrorKind, Rpc, RpcError, Sandbox, SandboxLimits, probe_capabilities
-from steprl.envs.sandbox.capture import _CellStream
+from steprl.envs.sandbox.capture import CellStream
 
 CAPS = probe_capabilities()
 _MISSING = [r for g in ("bwrap", "user_namespace", "pid_namespace", "net_namespace") if (r := CAPS.reason(g))]
@@ -79,7 +79,7 @@ def test_request_frames_split_anywhere_are_taken_out_of_the_output() -> None:
     stream = b"one " + marker + b"?7\n[1,2,3]" + b"two " + marker + b"?2\n{}" + b"three" + marker + b"0\n"
     for split in range(1, len(stream) + 1):  # every chunk size, so every frame is split somewhere
         got: list[bytes] = []
-        cell = _CellStream(marker, got.append, max_request=64)
+        cell = CellStream(marker, got.append, max_request=64)
         out = cell.start(1024)
         for i in range(0, len(stream), split):
             cell.feed(stream[i : i + split])
@@ -90,16 +90,16 @@ def test_request_frames_split_anywhere_are_taken_out_of_the_output() -> None:
 def test_many_frames_in_one_chunk_and_malformed_frames() -> None:
     marker = b"\x1eabc\x1e"
     got: list[bytes] = []
-    cell = _CellStream(marker, got.append, max_request=64)
+    cell = CellStream(marker, got.append, max_request=64)
     cell.start(1024)
     cell.feed((marker + b"?2\n[]") * 5000 + marker + b"1\n")  # no recursion limit in the way
     assert len(got) == 5000 and cell.status == 1
     for bad in (b"?abc\n", b"?99\n", b"?" + b"1" * 30):
-        cell = _CellStream(marker, got.append, max_request=64)
+        cell = CellStream(marker, got.append, max_request=64)
         out = cell.start(1024)
         cell.feed(b"before" + marker + bad + b"after" + marker + b"0\n")
         assert cell.violation and cell.status is None and out.text() == "before", bad
-    plain = _CellStream(marker)  # without host calls a "?" frame is no request (as before)
+    plain = CellStream(marker)  # without host calls a "?" frame is no request (as before)
     plain.start(1024)
     plain.feed(marker + b"?2\n[]")
     assert plain.status == ord("?") - ord("0")

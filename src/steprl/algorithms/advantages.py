@@ -61,18 +61,18 @@ def grpo(
 
 
 # ---------------------------------------------------------------------------------------------
-# Shared helpers (private). Group statistics are computed with scatter ops so that group ids can
-# be any integers in any order, and "all equal" is detected exactly (max == min) rather than by
-# comparing a float std with a threshold.
+# Shared helpers (`as_float`, `group_stats` are also used by `step_advantages.py`). Group
+# statistics are computed with scatter ops so that group ids can be any integers in any order, and
+# "all equal" is detected exactly (max == min) rather than by comparing a float std with a threshold.
 # ---------------------------------------------------------------------------------------------
 
 
-def _float(x: torch.Tensor) -> torch.Tensor:
+def as_float(x: torch.Tensor) -> torch.Tensor:
     """Keep float dtypes (float64 stays float64); promote ints/bools to float32."""
     return x if x.is_floating_point() else x.to(torch.float32)
 
 
-def _group_stats(
+def group_stats(
     values: torch.Tensor, inverse: torch.Tensor, num_groups: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-group (counts, mean, unbiased std, flat) of 1-D `values` with group ids `inverse`.
@@ -104,7 +104,7 @@ def _centred(
     """
     _, inverse = torch.unique(group_index, return_inverse=True)
     num_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    counts, means, stds, flat = _group_stats(values, inverse, num_groups)
+    counts, means, stds, flat = group_stats(values, inverse, num_groups)
     centred = torch.where(flat[inverse], torch.zeros_like(values), values - means[inverse])
     if singleton_mean_zero:
         centred = torch.where(counts[inverse] == 1, values, centred)
@@ -132,7 +132,7 @@ def masked_whiten(
       (its own mean for shift_mean=False) instead of a 0/0.
     * all valid entries equal: exactly 0 (mean for shift_mean=False), not rounding noise times 1e4.
     """
-    x = _float(x)
+    x = as_float(x)
     out = torch.zeros_like(x)
     valid = mask != 0
     if x.numel() == 0 or not bool(valid.any()):
@@ -168,7 +168,7 @@ def rloo(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
     * all-equal group: exactly 0. Empty input: empty output.
     Example: R=[1,0,0,1] (one group) -> [+2/3, -2/3, -2/3, +2/3]. Each group of K>=2 sums to 0.
     """
-    rewards = _float(rewards)
+    rewards = as_float(rewards)
     if rewards.numel() == 0:
         return rewards.clone()
     centred, counts, _, _ = _centred(rewards, group_index, singleton_mean_zero=False)
@@ -203,7 +203,7 @@ def loop(
     """
     if baseline not in ("leave_one_out", "leave_none_out"):
         raise ValueError(f"unknown LOOP baseline {baseline!r}; allowed: 'leave_one_out', 'leave_none_out'")
-    rewards = _float(rewards)
+    rewards = as_float(rewards)
     if rewards.numel() == 0:
         return rewards.clone()
     centred, counts, stds, _ = _centred(rewards, group_index, singleton_mean_zero=False)
@@ -241,7 +241,7 @@ def reinforce_pp(
     * rewards placed on masked tokens are ignored (put them on the last action token).
     * fully masked rows, an all-masked batch, or an empty batch give zeros.
     """
-    rewards = _float(token_rewards)
+    rewards = as_float(token_rewards)
     valid = mask != 0
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], device=rewards.device, dtype=rewards.dtype)
@@ -267,7 +267,7 @@ def reinforce_pp_baseline(
     more, as in verl). All-equal groups give a_b = 0 exactly; if every a_b is equal the output is
     exactly 0; fully masked rows are 0; empty input gives an empty (0, T) tensor.
     """
-    rewards = _float(rewards)
+    rewards = as_float(rewards)
     if rewards.numel() == 0:
         return torch.zeros(mask.shape, device=rewards.device, dtype=rewards.dtype)
     centred, _, _, _ = _centred(rewards, group_index, singleton_mean_zero=True)
@@ -321,8 +321,8 @@ def gae(
     * masked positions of adv AND returns are 0 (verl leaves the carried value there).
     * fully masked rows give zeros; whitening with 0/1 valid tokens follows `masked_whiten`.
     """
-    rewards = _float(token_rewards)
-    values = _float(values).to(rewards.dtype)
+    rewards = as_float(token_rewards)
+    values = as_float(values).to(rewards.dtype)
     valid = mask != 0
     if rewards.numel() == 0:
         return torch.zeros_like(rewards), torch.zeros_like(rewards)
@@ -376,8 +376,8 @@ def bi_level_gae(
       turn rewards on the end token. The same `lam` is used at both levels, as in RAGEN.
     * with step_end == mask (every token its own turn), this is `gae` with gamma = high_level_gamma.
     """
-    rewards = _float(token_rewards)
-    values = _float(values).to(rewards.dtype)
+    rewards = as_float(token_rewards)
+    values = as_float(values).to(rewards.dtype)
     valid = mask != 0
     zero = torch.zeros_like(rewards)
     if rewards.numel() == 0:
@@ -428,7 +428,7 @@ def normalize_by_task(
     * a task whose valid entries are all equal (including a task with one entry) gives exactly 0.
     * fully masked tasks/rows give 0; empty input gives empty output.
     """
-    x = _float(adv)
+    x = as_float(adv)
     out = torch.zeros_like(x)
     valid = torch.ones_like(x, dtype=torch.bool) if mask is None else mask != 0
     if x.numel() == 0 or not bool(valid.any()):
@@ -436,7 +436,7 @@ def normalize_by_task(
     task = task_index.reshape(-1, *([1] * (x.dim() - 1))).expand(x.shape)
     xv, tv = x[valid], task[valid]
     _, inv = torch.unique(tv, return_inverse=True)
-    _, means, stds, flat = _group_stats(xv, inv, int(inv.max()) + 1)
+    _, means, stds, flat = group_stats(xv, inv, int(inv.max()) + 1)
     normed = (xv - means[inv]) / (stds[inv] + eps)
     out[valid] = torch.where(flat[inv], torch.zeros_like(xv), normed)
     return out
@@ -462,12 +462,12 @@ def grpo_env_std(
       std + eps would turn a singleton's raw reward into R / 1e-6).
     * all-equal task group: exactly 0 even if its environment has spread. Empty -> empty.
     """
-    rewards = _float(rewards)
+    rewards = as_float(rewards)
     if rewards.numel() == 0:
         return rewards.clone()
     centred, _, _, _ = _centred(rewards, group_index, singleton_mean_zero=True)
     _, env_inv = torch.unique(env_index, return_inverse=True)
-    _, _, env_std, env_flat = _group_stats(rewards, env_inv, int(env_inv.max()) + 1)
+    _, _, env_std, env_flat = group_stats(rewards, env_inv, int(env_inv.max()) + 1)
     denom = torch.where(env_flat, torch.ones_like(env_std), env_std + eps)
     return centred / denom[env_inv]
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 
-from steprl.algorithms.advantages import _float, _group_stats, gae
+from steprl.algorithms.advantages import as_float, gae, group_stats
 
 
 def _sorted_steps(traj: list[int], step: list[int], what: str) -> list[int]:
@@ -78,7 +78,7 @@ def spread_steps(step_values: torch.Tensor, token_step: torch.Tensor, row_traj: 
     Out-of-range indices raise ValueError (a silent wrong broadcast would train the wrong tokens).
     """
     valid = token_step >= 0
-    out = torch.zeros(token_step.shape, device=step_values.device, dtype=_float(step_values).dtype)
+    out = torch.zeros(token_step.shape, device=step_values.device, dtype=as_float(step_values).dtype)
     if not bool(valid.any()):
         return out
     s_tr, s_max = step_values.shape
@@ -87,7 +87,7 @@ def spread_steps(step_values: torch.Tensor, token_step: torch.Tensor, row_traj: 
         raise ValueError(f"spread_steps: row_traj must index rows 0..{s_tr - 1} of step_values")
     if bool((token_step >= s_max).any()):
         raise ValueError(f"spread_steps: token_step must be -1 or a step index 0..{s_max - 1}")
-    out[valid] = _float(step_values)[traj[valid], token_step[valid]]
+    out[valid] = as_float(step_values)[traj[valid], token_step[valid]]
     return out
 
 
@@ -177,7 +177,7 @@ def gigpo(
         raise ValueError("gigpo: all per-row inputs must have the same length N_steps")
     if len(anchor_keys) != n:
         raise ValueError(f"gigpo: {len(anchor_keys)} anchor keys for {n} step rows")
-    ep = _float(episode_rewards).reshape(-1)
+    ep = as_float(episode_rewards).reshape(-1)
     if n == 0:
         return ep.clone()
     dev, dt = ep.device, ep.dtype
@@ -198,11 +198,11 @@ def gigpo(
     trajs_per_group = torch.zeros(n_groups, device=dev, dtype=dt).index_add_(
         0, traj_group, torch.ones(n_trajs, device=dev, dtype=dt)
     )
-    _, means, stds, flat = _group_stats(ep, g_inv, n_groups)  # over rows (cross-steps)
+    _, means, stds, flat = group_stats(ep, g_inv, n_groups)  # over rows (cross-steps)
     if not cross_steps:  # one entry per trajectory: the mean of its rows
         t_counts = torch.zeros(n_trajs, device=dev, dtype=dt).index_add_(0, t_inv, torch.ones_like(ep))
         per_traj = torch.zeros(n_trajs, device=dev, dtype=dt).index_add_(0, t_inv, ep) / t_counts
-        _, means, stds, _ = _group_stats(per_traj, traj_group, n_groups)
+        _, means, stds, _ = group_stats(per_traj, traj_group, n_groups)
     single = trajs_per_group == 1
     means = torch.where(single, torch.zeros_like(means), means)
     centred = ep - means[g_inv]
@@ -217,7 +217,7 @@ def gigpo(
 
     # --- step level ----------------------------------------------------------------------------
     traj, step = t_inv.tolist(), step_index.reshape(-1).tolist()
-    rew = _float(step_rewards).reshape(-1).tolist()
+    rew = as_float(step_rewards).reshape(-1).tolist()
     order = _sorted_steps(traj, step, "gigpo")
     step_returns = [0.0] * n
     nxt: int | None = None
@@ -230,7 +230,7 @@ def gigpo(
     ret = torch.tensor(step_returns, device=dev, dtype=dt)
     clusters = _anchor_clusters(g_inv.tolist(), anchor_keys, similarity_thresh)
     c_inv = torch.tensor(clusters, device=dev, dtype=torch.long)
-    _, c_means, c_stds, c_flat = _group_stats(ret, c_inv, max(clusters) + 1)
+    _, c_means, c_stds, c_flat = group_stats(ret, c_inv, max(clusters) + 1)
     adv_step = torch.where(c_flat[c_inv], torch.zeros_like(ret), ret - c_means[c_inv])  # singletons are flat
     if std_norm:
         adv_step = adv_step / (c_stds[c_inv] + eps)
@@ -272,13 +272,13 @@ def empg(
     * no re-normalisation of A_mod afterwards ([unverified] in the source; apply a whitening
       stage separately if wanted). Duplicate (traj, step) pairs raise. Empty -> empty.
     """
-    adv = _float(step_adv).reshape(-1)
+    adv = as_float(step_adv).reshape(-1)
     n = adv.numel()
     if step_entropy.numel() != n or traj_index.numel() != n or step_index.numel() != n:
         raise ValueError("empg: step_adv, step_entropy, traj_index and step_index need one entry per step")
     if n == 0:
         return adv.clone()
-    h = _float(step_entropy).reshape(-1).to(adv.dtype)
+    h = as_float(step_entropy).reshape(-1).to(adv.dtype)
     h_norm = (h - h.min()) / (h.max() - h.min() + 1e-8)
     g = torch.exp(-k * h_norm)
     g = g / g.mean()

@@ -9,7 +9,7 @@ import threading
 from steprl.envs.sandbox.limits import ExecResult, SandboxLimits, SandboxUnavailable
 from steprl.envs.sandbox.probe import probe_capabilities
 from steprl.envs.sandbox.rpc import Rpc
-from steprl.envs.sandbox.runner import _run_unconfined, _Runner
+from steprl.envs.sandbox.runner import Runner, run_unconfined
 from steprl.envs.sandbox.session import SandboxSession
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ class Sandbox:
     deadline starts when they start. Each live sandbox gets its own outside uid from `uid_range`.
     `allow_unconfined=True` runs code WITHOUT isolation (plain subprocess + rlimits) on a host
     where bwrap is unusable: for development machines only, never for training on model output.
+    Its sessions share its `runner` (uid pool) and `slots` (admission); see `session.SessionHost`.
     """
 
     def __init__(
@@ -38,15 +39,15 @@ class Sandbox:
         self.max_limits = max_limits or SandboxLimits()
         self.capabilities = probe_capabilities(bwrap, python)
         self.allow_unconfined = allow_unconfined
-        self._runner = _Runner(self.capabilities.bwrap, python, self.capabilities.per_run_uid, uid_range)
-        self._slots = threading.BoundedSemaphore(max_concurrency or 4 * (os.cpu_count() or 1))
+        self.runner = Runner(self.capabilities.bwrap, python, self.capabilities.per_run_uid, uid_range)
+        self.slots = threading.BoundedSemaphore(max_concurrency or 4 * (os.cpu_count() or 1))
         if allow_unconfined and not self.capabilities.usable:
             logger.warning(
                 "Sandbox(allow_unconfined=True) on a host where bubblewrap cannot confine code: "
                 "model code runs UNCONFINED (no filesystem, network or PID isolation). Dev only."
             )
 
-    def _confined(self) -> bool:
+    def confined(self) -> bool:
         """True: confine with bwrap. False: run unconfined (explicitly allowed). Else raise."""
         if self.capabilities.usable:
             return True
@@ -60,12 +61,12 @@ class Sandbox:
 
     def run(self, code: str, *, stdin: str = "", limits: SandboxLimits | None = None) -> ExecResult:
         """Execute `code` with `python3 -I` in a fresh sandbox; stdin is /dev/null unless given."""
-        confined = self._confined()
+        confined = self.confined()
         limits = self.max_limits.clamp(limits) if limits else self.max_limits
-        with self._slots:
+        with self.slots:
             if not confined:
-                return _run_unconfined(self.capabilities.python, code, stdin, limits)
-            return self._runner.execute(code, stdin, limits, self._runner.take_uid())
+                return run_unconfined(self.capabilities.python, code, stdin, limits)
+            return self.runner.execute(code, stdin, limits, self.runner.take_uid())
 
     def session(
         self,

@@ -1,6 +1,6 @@
 """Output capture: byte-capped streams, the session's cell splitter, and the pump that moves bytes.
 
-Every pipe of a sandbox is read concurrently through `_pump` (a selector loop with a deadline),
+Every pipe of a sandbox is read concurrently through `pump` (a selector loop with a deadline),
 so neither side can deadlock on a full pipe, and each stream keeps at most its cap in memory.
 """
 
@@ -18,7 +18,7 @@ _REQUEST = ord("?")  # after the marker: a host-call request, not a cell status
 _MAX_HEADER = 20  # digits of a request's size
 
 
-class _Capture:
+class Capture:
     """Keeps the first 3/4 and the last 1/4 of `cap` bytes of a stream; memory stays O(cap)."""
 
     def __init__(self, cap: int) -> None:
@@ -45,9 +45,9 @@ class _Capture:
         return self.head.decode("utf-8", "replace") + marker + self.tail.decode("utf-8", "replace")
 
 
-def _result(
-    out: _Capture,
-    err: _Capture,
+def exec_result(
+    out: Capture,
+    err: Capture,
     kind: ErrorKind,
     code: int | None,
     sig: int | None,
@@ -71,7 +71,7 @@ def _result(
     )
 
 
-class _CellStream:
+class CellStream:
     """Splits a session stream into cells at `<marker><status>\\n` (written by the server).
 
     With `on_request` (the stdout of a session with host calls), a `<marker>?<n>\\n` frame
@@ -84,14 +84,14 @@ class _CellStream:
         self, marker: bytes, on_request: Callable[[bytes], None] | None = None, max_request: int = 0
     ) -> None:
         self.marker, self.carry = marker, b""
-        self.capture = _Capture(1)
+        self.capture = Capture(1)
         self.status: int | None = None
         self.on_request, self.max_request = on_request, max_request
         self.violation: str | None = None
 
-    def start(self, cap: int) -> _Capture:
+    def start(self, cap: int) -> Capture:
         """Begin a cell: output carried over from after the last marker counts toward it."""
-        self.capture, self.status = _Capture(cap), None
+        self.capture, self.status = Capture(cap), None
         pending, self.carry = self.carry, b""
         self.feed(pending)
         return self.capture
@@ -149,8 +149,8 @@ class _CellStream:
             self.carry = b""
 
 
-class _Outbox:
-    """Bytes for one pipe, written by `_pump` without blocking; more may be queued meanwhile.
+class Outbox:
+    """Bytes for one pipe, written by `pump` without blocking; more may be queued meanwhile.
 
     `on_drained` runs each time everything queued so far is written, or once the reader is
     gone (later bytes are then dropped).
@@ -184,11 +184,11 @@ def _noop() -> None:
     pass
 
 
-def _pump(
+def pump(
     reads: Mapping[int, Callable[[bytes], None]],
     deadline: float,
     *,
-    write: _Outbox | None = None,
+    write: Outbox | None = None,
     stop: Callable[[], bool] = lambda: False,
 ) -> str:
     """Move bytes until `stop()`, EOF on every read fd, or the deadline: "stop"|"eof"|"deadline".

@@ -10,14 +10,14 @@ import math
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
-_MIB = 1 << 20
-_FIX_BWRAP = "install it: `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
-_FIX_USERNS = (
+MIB = 1 << 20
+FIX_BWRAP = "install it: `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
+FIX_USERNS = (
     "enable unprivileged user namespaces: `sysctl -w user.max_user_namespaces=15000`, "
     "`sysctl -w kernel.unprivileged_userns_clone=1` (older Debian), "
     "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 24.04)"
 )
-_FIX_UTIL = "install util-linux (`apt-get install util-linux`): it provides setpriv, prlimit and unshare"
+FIX_UTIL = "install util-linux (`apt-get install util-linux`): it provides setpriv, prlimit and unshare"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -43,11 +43,11 @@ class SandboxLimits:
 
     wall_s: float = 5.0  # wall-clock deadline per run / per session cell
     cpu_s: float = 5.0  # RLIMIT_CPU soft limit (SIGXCPU; hard = soft + 1); a session's total
-    address_space_bytes: int = 512 * _MIB  # RLIMIT_AS per process
-    file_size_bytes: int = 16 * _MIB  # RLIMIT_FSIZE: largest single file (EFBIG past it)
+    address_space_bytes: int = 512 * MIB  # RLIMIT_AS per process
+    file_size_bytes: int = 16 * MIB  # RLIMIT_FSIZE: largest single file (EFBIG past it)
     open_files: int = 256  # RLIMIT_NOFILE
     max_processes: int = 64  # RLIMIT_NPROC for the run's uid, the interpreter included
-    tmpfs_bytes: int = 16 * _MIB  # size of the /tmp working dir (ENOSPC past it)
+    tmpfs_bytes: int = 16 * MIB  # size of the /tmp working dir (ENOSPC past it)
     output_bytes: int = 64 * 1024  # cap per stream (stdout, stderr), per run / per session cell
 
     def __post_init__(self) -> None:

@@ -10,8 +10,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Any
 
-from steprl.envs.sandbox.limits import _FIX_BWRAP, _FIX_USERNS, _FIX_UTIL, _MIB, SandboxLimits
-from steprl.envs.sandbox.runner import _INNER_ID, _Runner
+from steprl.envs.sandbox.limits import FIX_BWRAP, FIX_USERNS, FIX_UTIL, MIB, SandboxLimits
+from steprl.envs.sandbox.runner import INNER_ID, Runner
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
     tools = all(shutil.which(t) for t in ("setpriv", "prlimit", "unshare"))
     blocker = None  # why nothing at all can be confined
     if path is None:
-        blocker = f"bubblewrap (`{bwrap}`) not found, nothing is confined; {_FIX_BWRAP}"
+        blocker = f"bubblewrap (`{bwrap}`) not found, nothing is confined; {FIX_BWRAP}"
         problems.append(("bwrap", blocker))
     elif not (python.startswith("/usr/") and os.access(python, os.X_OK)):
         blocker = (
@@ -80,7 +80,7 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         )
         problems.append(("python", blocker))
     elif not tools:
-        blocker = f"setpriv/prlimit/unshare missing, so no uid drop and no rlimits; {_FIX_UTIL}"
+        blocker = f"setpriv/prlimit/unshare missing, so no uid drop and no rlimits; {FIX_UTIL}"
     per_run_uid = os.geteuid() == 0 and tools
     if os.geteuid() != 0:
         problems.append(
@@ -92,20 +92,20 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         )
     found: dict[str, Any] = {}
     if blocker is None:
-        limits = SandboxLimits(wall_s=10, tmpfs_bytes=8 * _MIB, file_size_bytes=3 * _MIB)
-        runner = _Runner(path, python, per_run_uid)
+        limits = SandboxLimits(wall_s=10, tmpfs_bytes=8 * MIB, file_size_bytes=3 * MIB)
+        runner = Runner(path, python, per_run_uid)
         res = runner.execute(_PROBE, "", limits, runner.take_uid())
         try:
             found = json.loads(res.stdout)
         except ValueError:
-            blocker = f"bwrap failed to start ({res.error}: {res.stderr.strip()[:300]!r}); {_FIX_USERNS}"
+            blocker = f"bwrap failed to start ({res.error}: {res.stderr.strip()[:300]!r}); {FIX_USERNS}"
     new = "use bubblewrap >= 0.8"
     checks = {
-        "user_namespace": (found.get("uid") == _INNER_ID, f"no user namespace, non-root uid; {_FIX_USERNS}"),
+        "user_namespace": (found.get("uid") == INNER_ID, f"no user namespace, non-root uid; {FIX_USERNS}"),
         "pid_namespace": (found.get("pids") in (1, 2), f"host processes are visible; {new}"),
         "net_namespace": (found.get("ifaces") == ["lo"], f"host network interfaces are visible; {new}"),
-        "tmpfs_size": (found.get("tmp") == 8 * _MIB, f"tmpfs --size ignored: disk fill unbounded; {new}"),
-        "rlimits": (found.get("fsize") == 3 * _MIB, f"rlimits were not applied; {_FIX_UTIL}"),
+        "tmpfs_size": (found.get("tmp") == 8 * MIB, f"tmpfs --size ignored: disk fill unbounded; {new}"),
+        "rlimits": (found.get("fsize") == 3 * MIB, f"rlimits were not applied; {FIX_UTIL}"),
     }
     for name, (holds, why) in checks.items():
         if blocker is not None or not holds:

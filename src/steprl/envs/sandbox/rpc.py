@@ -11,7 +11,7 @@ was hit. Nothing but these JSON values crosses: the handler's resources (an epis
 say) stay on the host. The wire uses the session's existing channels, no extra descriptor:
 
 * request, sandbox -> host, on stdout: ``<marker>?<n>\\n`` + n bytes of UTF-8 JSON, taken out of
-  the cell's captured output by the host (`capture._CellStream`);
+  the cell's captured output by the host (`capture.CellStream`);
 * reply, host -> sandbox, on the control channel (stdin): ``<n>\\n`` + n bytes of JSON,
   ``{"ok": value}`` or ``{"error": message}``.
 
@@ -100,11 +100,11 @@ def end_cell():  # waits for a call in flight in another thread: its reply prece
 """
 
 
-def _stub(rpc: Rpc) -> str:
+def stub_source(rpc: Rpc) -> str:
     return _STUB.replace("MAX_REQUEST", str(rpc.max_request_bytes))
 
 
-class _RpcCell:
+class RpcCell:
     """The host side of one cell's calls: decode, count, ask the handler, encode the reply."""
 
     def __init__(self, rpc: Rpc) -> None:

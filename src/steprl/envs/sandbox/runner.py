@@ -1,7 +1,7 @@
 """Process control: the confinement command line, spawning, killing and reaping, the uid pool.
 
-`_Runner.argv` builds `setpriv > prlimit > unshare > bwrap > python3 -I` (see the package
-docstring); `_kill` takes down a whole sandbox and reaps it; `_run_unconfined` is the dev-only
+`Runner.argv` builds `setpriv > prlimit > unshare > bwrap > python3 -I` (see the package
+docstring); `kill_sandbox` takes down a whole sandbox and reaps it; `run_unconfined` is the dev-only
 fallback used when the operator explicitly allows it.
 """
 
@@ -21,10 +21,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from steprl.envs.sandbox.capture import _Capture, _Outbox, _pump, _result
-from steprl.envs.sandbox.limits import _FIX_UTIL, ErrorKind, ExecResult, SandboxLimits, SandboxUnavailable
+from steprl.envs.sandbox.capture import Capture, Outbox, exec_result, pump
+from steprl.envs.sandbox.limits import FIX_UTIL, ErrorKind, ExecResult, SandboxLimits, SandboxUnavailable
 
-_INNER_ID = 1000  # uid/gid the code sees inside its user namespace (not 65534, the overflow id)
+INNER_ID = 1000  # uid/gid the code sees inside its user namespace (not 65534, the overflow id)
 _HELPER_PROCS = 2  # bwrap's outer monitor and the namespace's init count against RLIMIT_NPROC
 
 
@@ -36,7 +36,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _kill(proc: subprocess.Popen[bytes], depth: int) -> None:
+def kill_sandbox(proc: subprocess.Popen[bytes], depth: int) -> None:
     """Kill the whole sandbox and reap it, leaving no zombie behind, not even with the host's PID 1.
 
     Process tree: our child `unshare` > bwrap, PID 1 of namespace A > bwrap's init, PID 1 of
@@ -68,11 +68,11 @@ def _kill(proc: subprocess.Popen[bytes], depth: int) -> None:
         proc.wait()
 
 
-def _depth(uid: int | None) -> int:
+def kill_depth(uid: int | None) -> int:
     return 1 if uid is None else 2
 
 
-def _await_start(fd: int, timeout: float) -> bool:
+def await_start(fd: int, timeout: float) -> bool:
     """Whether bwrap reported (on `--json-status-fd`) that it started the code.
 
     The code cannot forge this: the status fd is not inherited into the sandbox.
@@ -88,7 +88,7 @@ def _await_start(fd: int, timeout: float) -> bool:
     return b'"child-pid"' in buf
 
 
-def _classify(rc: int, stderr: str, outcome: str, started: bool) -> tuple[ErrorKind, int | None, int | None]:
+def classify(rc: int, stderr: str, outcome: str, started: bool) -> tuple[ErrorKind, int | None, int | None]:
     """(kind, exit_code, signal) from bwrap's return code (128+n means "killed by signal n")."""
     code, sig = (None, -rc) if rc < 0 else ((None, rc - 128) if rc > 128 else (rc, None))
     tail = stderr[-2000:]
@@ -123,13 +123,13 @@ def _which(tool: str) -> str:
 
 _BWRAP_FLAGS = (
     "--unshare-user --unshare-pid --unshare-net --unshare-ipc --unshare-uts --unshare-cgroup-try "
-    f"--disable-userns --die-with-parent --new-session --cap-drop ALL --uid {_INNER_ID} --gid {_INNER_ID} "
+    f"--disable-userns --die-with-parent --new-session --cap-drop ALL --uid {INNER_ID} --gid {INNER_ID} "
     "--hostname sandbox --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /tmp --setenv LANG C.UTF-8 "
     "--proc /proc --dev /dev"
 ).split()
 
 
-class _Runner:
+class Runner:
     """Builds the confinement command line, owns the uid pool, runs one process to its end."""
 
     def __init__(
@@ -181,7 +181,7 @@ class _Runner:
         """[setpriv --pdeathsig] > prlimit > [unshare --pid --setuid] > bwrap > python3 -I main.py.
 
         Each helper execs the next. As root, the outer bwrap runs as PID 1 of its own PID
-        namespace (see `_kill`) under the run's uid; otherwise bwrap runs as this user.
+        namespace (see `kill_sandbox`) under the run's uid; otherwise bwrap runs as this user.
         """
         assert self.bwrap is not None
         cpu = math.ceil(limits.cpu_s)
@@ -233,7 +233,7 @@ class _Runner:
         if uid is None and os.geteuid() == 0:
             raise SandboxUnavailable(
                 "refusing to run sandboxed code as root without a per-run uid drop: "
-                f"RLIMIT_NPROC would not bind a fork bomb; {_FIX_UTIL}"
+                f"RLIMIT_NPROC would not bind a fork bomb; {FIX_UTIL}"
             )
         code_fd = os.memfd_create("steprl-code")  # no argv size limit, nothing on the host disk
         status_r, status_w = os.pipe()
@@ -260,7 +260,7 @@ class _Runner:
 
     def execute(self, code: str, stdin: str, limits: SandboxLimits, uid: int | None) -> ExecResult:
         """One confined run, from spawn to reaped end. Releases `uid` when done."""
-        out, err, status = _Capture(limits.output_bytes), _Capture(limits.output_bytes), _Capture(4096)
+        out, err, status = Capture(limits.output_bytes), Capture(limits.output_bytes), Capture(4096)
         over = lambda: out.truncated or err.truncated  # noqa: E731
         t0 = time.monotonic()
         proc: subprocess.Popen[bytes] | None = None
@@ -269,8 +269,8 @@ class _Runner:
             proc, status_fd = self.spawn(code, limits, uid, stdin=bool(stdin))
             assert proc.stdout is not None and proc.stderr is not None
             streams = {proc.stdout.fileno(): out.feed, proc.stderr.fileno(): err.feed, status_fd: status.feed}
-            write = _Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close) if proc.stdin else None
-            outcome = _pump(streams, t0 + limits.wall_s, write=write, stop=over)
+            write = Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close) if proc.stdin else None
+            outcome = pump(streams, t0 + limits.wall_s, write=write, stop=over)
             outcome = "overflow" if outcome == "stop" else outcome
             if outcome == "eof":  # all pipes closed, yet the code may still run (it closed them)
                 try:
@@ -278,14 +278,14 @@ class _Runner:
                 except subprocess.TimeoutExpired:
                     outcome = "deadline"
             if outcome != "eof":
-                _kill(proc, _depth(uid))
-                _pump(streams, time.monotonic() + 0.5, stop=over)  # what the pipes still hold
+                kill_sandbox(proc, kill_depth(uid))
+                pump(streams, time.monotonic() + 0.5, stop=over)  # what the pipes still hold
             proc.wait()
         except OSError as exc:
             err.feed(f"sandbox failed to start: {exc}".encode())
             outcome = "spawn_error"
             if proc is not None:
-                _kill(proc, _depth(uid))
+                kill_sandbox(proc, kill_depth(uid))
         finally:
             self.give_uid(uid)
             for f in (proc.stdin, proc.stdout, proc.stderr) if proc else ():
@@ -295,13 +295,13 @@ class _Runner:
                 os.close(status_fd)
         rc = proc.returncode if proc is not None else 1
         started = b'"child-pid"' in bytes(status.head)
-        kind, exit_code, sig = _classify(rc, err.text(), outcome, started)
-        return _result(out, err, kind, exit_code, sig, t0, uid, timed_out=outcome == "deadline")
+        kind, exit_code, sig = classify(rc, err.text(), outcome, started)
+        return exec_result(out, err, kind, exit_code, sig, t0, uid, timed_out=outcome == "deadline")
 
 
-def _run_unconfined(python: str, code: str, stdin: str, limits: SandboxLimits) -> ExecResult:
+def run_unconfined(python: str, code: str, stdin: str, limits: SandboxLimits) -> ExecResult:
     """Dev-only fallback: rlimits (when prlimit exists), a new session, a temp cwd, the deadline."""
-    out, err = _Capture(limits.output_bytes), _Capture(limits.output_bytes)
+    out, err = Capture(limits.output_bytes), Capture(limits.output_bytes)
     prlimit = shutil.which("prlimit")
     cmd = (
         [
@@ -327,8 +327,8 @@ def _run_unconfined(python: str, code: str, stdin: str, limits: SandboxLimits) -
         )
         assert proc.stdin and proc.stdout and proc.stderr
         streams = {proc.stdout.fileno(): out.feed, proc.stderr.fileno(): err.feed}
-        write = _Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close)
-        outcome = _pump(streams, t0 + limits.wall_s, write=write, stop=lambda: out.truncated or err.truncated)
+        write = Outbox(proc.stdin.fileno(), stdin.encode(), proc.stdin.close)
+        outcome = pump(streams, t0 + limits.wall_s, write=write, stop=lambda: out.truncated or err.truncated)
         outcome = "overflow" if outcome == "stop" else outcome
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.0, t0 + limits.wall_s - time.monotonic()))
@@ -339,5 +339,5 @@ def _run_unconfined(python: str, code: str, stdin: str, limits: SandboxLimits) -
         proc.wait()
         for f in (proc.stdin, proc.stdout, proc.stderr):
             f.close()
-    kind, exit_code, sig = _classify(proc.returncode, err.text(), outcome, True)
-    return _result(out, err, kind, exit_code, sig, t0, None, timed_out=outcome == "deadline")
+    kind, exit_code, sig = classify(proc.returncode, err.text(), outcome, True)
+    return exec_result(out, err, kind, exit_code, sig, t0, None, timed_out=outcome == "deadline")

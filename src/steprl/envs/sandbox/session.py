@@ -2,7 +2,7 @@
 
 The server (`_SESSION_SERVER`, run as /sandbox/main.py) reads cells from a control channel and
 runs them in one set of globals; the host splits its stdout/stderr into cells at a nonce
-marker (`capture._CellStream`). With `rpc`, cells can call back into the host (`rpc.py`); a
+marker (`capture.CellStream`). With `rpc`, cells can call back into the host (`rpc.py`); a
 `prelude` is a hidden first cell, run again whenever the interpreter restarts.
 """
 
@@ -14,16 +14,32 @@ import subprocess
 import threading
 import time
 import weakref
+from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from steprl.envs.sandbox.capture import _Capture, _CellStream, _Outbox, _pump, _result
+from steprl.envs.sandbox.capture import Capture, CellStream, Outbox, exec_result, pump
 from steprl.envs.sandbox.limits import ErrorKind, ExecResult, SandboxLimits, SandboxUnavailable
-from steprl.envs.sandbox.rpc import Rpc, _RpcCell, _stub
-from steprl.envs.sandbox.runner import _await_start, _classify, _depth, _kill, _Runner
+from steprl.envs.sandbox.rpc import Rpc, RpcCell, stub_source
+from steprl.envs.sandbox.runner import Runner, await_start, classify, kill_depth, kill_sandbox
 
-if TYPE_CHECKING:
-    from steprl.envs.sandbox.box import Sandbox
+
+class SessionHost(Protocol):
+    """What a session needs of the `Sandbox` that opens it (declared here so that only `box.py`
+    imports this module, never the reverse): the operator's maximum limits, whether code can be
+    confined, the runner (command line, uid pool) and the admission slots a cell holds while it runs."""
+
+    @property
+    def max_limits(self) -> SandboxLimits: ...
+
+    @property
+    def runner(self) -> Runner: ...
+
+    @property
+    def slots(self) -> AbstractContextManager[Any]: ...
+
+    def confined(self) -> bool: ...
+
 
 # The session's server, run as /sandbox/main.py inside the sandbox. Protocol: the host writes
 # b"<len>\n<utf-8 code>" on stdin; after the cell the server writes <marker><0|1>\n on both
@@ -103,14 +119,14 @@ class SandboxSession:
 
     def __init__(
         self,
-        sandbox: Sandbox,
+        sandbox: SessionHost,
         limits: SandboxLimits | None = None,
         *,
         auto_restart: bool = False,
         rpc: Rpc | None = None,
         prelude: str = "",
     ) -> None:
-        if not sandbox._confined():
+        if not sandbox.confined():
             raise SandboxUnavailable("SandboxSession needs bubblewrap; there is no unconfined session mode")
         self._sandbox, self.auto_restart = sandbox, auto_restart
         self.limits = sandbox.max_limits.clamp(limits) if limits else sandbox.max_limits
@@ -120,10 +136,10 @@ class SandboxSession:
         self._start()
 
     def _start(self) -> None:
-        runner = self._sandbox._runner
+        runner = self._sandbox.runner
         self._uid = uid = runner.take_uid()
         nonce = os.urandom(16).hex()
-        server = _SESSION_SERVER.replace("#RPC", _stub(self.rpc) if self.rpc else "")
+        server = _SESSION_SERVER.replace("#RPC", stub_source(self.rpc) if self.rpc else "")
         try:
             proc, status = runner.spawn(
                 server.replace("NONCE", nonce), self.limits, uid, stdin=True, session=True
@@ -134,18 +150,18 @@ class SandboxSession:
         self._proc = proc
         self._dead: str | None = None
         self._finalizer = weakref.finalize(self, _close_session, proc, status, runner, uid)
-        if not _await_start(status, 10.0):
-            _kill(proc, _depth(uid))
-            err = _Capture(4096)
+        if not await_start(status, 10.0):
+            kill_sandbox(proc, kill_depth(uid))
+            err = Capture(4096)
             assert proc.stderr is not None
-            _pump({proc.stderr.fileno(): err.feed}, time.monotonic() + 0.5)
+            pump({proc.stderr.fileno(): err.feed}, time.monotonic() + 0.5)
             self._finalizer()
             raise SandboxUnavailable(f"the session's sandbox did not start: {err.text().strip()!r}")
         marker = b"\x1e" + nonce.encode() + b"\x1e"
         max_request = self.rpc.max_request_bytes if self.rpc else 0
-        self._out, self._err = _CellStream(marker, max_request=max_request), _CellStream(marker)
+        self._out, self._err = CellStream(marker, max_request=max_request), CellStream(marker)
         if self.prelude:
-            with self._sandbox._slots:
+            with self._sandbox.slots:
                 ready = self._run_cell(self.prelude, hidden=True)
             if not ready.ok:
                 self.close()
@@ -174,11 +190,11 @@ class SandboxSession:
                     f"the sandboxed interpreter is gone ({self._dead}); its state is lost. "
                     "Call restart() or start a new SandboxSession."
                 )
-                empty = _Capture(1)
-                return _result(
+                empty = Capture(1)
+                return exec_result(
                     empty, empty, ErrorKind.SESSION_DEAD, None, None, time.monotonic(), self._uid, note=msg
                 )
-            with self._sandbox._slots:
+            with self._sandbox.slots:
                 result = self._run_cell(code)
             return replace(result, stderr=note + result.stderr) if note else result
 
@@ -187,14 +203,14 @@ class SandboxSession:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._cells += not hidden
         data = code.encode("utf-8", "surrogatepass")
-        inbox = _Outbox(proc.stdin.fileno(), b"%d\n" % len(data) + data)
-        calls = _RpcCell(self.rpc) if self.rpc else None
+        inbox = Outbox(proc.stdin.fileno(), b"%d\n" % len(data) + data)
+        calls = RpcCell(self.rpc) if self.rpc else None
         if calls is not None:
             self._out.on_request = lambda payload: self._answer(calls, inbox, payload)
         t0 = time.monotonic()
         try:
             out, err = self._out.start(self.limits.output_bytes), self._err.start(self.limits.output_bytes)
-            outcome = _pump(
+            outcome = pump(
                 {proc.stdout.fileno(): self._out.feed, proc.stderr.fileno(): self._err.feed},
                 t0 + self.limits.wall_s,
                 write=inbox,
@@ -211,17 +227,17 @@ class SandboxSession:
             kind = ErrorKind.OUTPUT_LIMIT if out.truncated or err.truncated else ErrorKind.OK
             if status and kind is ErrorKind.OK and "MemoryError" in err.text()[-2000:]:
                 kind = ErrorKind.OOM
-            return replace(_result(out, err, kind, status, None, t0, self._uid), rpc_calls=handled)
+            return replace(exec_result(out, err, kind, status, None, t0, self._uid), rpc_calls=handled)
         if outcome == "stop":  # broke the host-call protocol: the interpreter cannot be trusted on
             self._end(f"cell {self._cells} broke the host-call protocol: {self._out.violation}")
             note = f"\n[{self._dead}; session state lost]\n"
-            result = _result(out, err, ErrorKind.PROTOCOL_ERROR, None, None, t0, self._uid, note=note)
+            result = exec_result(out, err, ErrorKind.PROTOCOL_ERROR, None, None, t0, self._uid, note=note)
             return replace(result, rpc_calls=handled)
         # Timed out (we kill the interpreter) or died by itself: either way the session is over.
-        _kill(proc, _depth(self._uid))
+        kill_sandbox(proc, kill_depth(self._uid))
         self._out.flush()
         self._err.flush()
-        kind, exit_code, sig = _classify(proc.returncode, err.text(), outcome, True)
+        kind, exit_code, sig = classify(proc.returncode, err.text(), outcome, True)
         how = f"signal {sig}" if sig else f"exit code {exit_code}"
         timed_out = outcome == "deadline"
         self._end(
@@ -230,10 +246,10 @@ class SandboxSession:
             else f"interpreter died in cell {self._cells}: {how}"
         )
         note = f"\n[{self._dead}; session state lost]\n"
-        result = _result(out, err, kind, exit_code, sig, t0, self._uid, timed_out=timed_out, note=note)
+        result = exec_result(out, err, kind, exit_code, sig, t0, self._uid, timed_out=timed_out, note=note)
         return replace(result, rpc_calls=handled)
 
-    def _answer(self, calls: _RpcCell, inbox: _Outbox, payload: bytes) -> None:
+    def _answer(self, calls: RpcCell, inbox: Outbox, payload: bytes) -> None:
         if inbox.pending:  # the code or the last reply is not read yet: not our stub's doing
             self._out.violation = "a request was sent before the previous reply was read"
             return
@@ -241,7 +257,7 @@ class SandboxSession:
 
     def _end(self, why: str) -> None:
         """Kill the interpreter (state lost) and say why in later results."""
-        _kill(self._proc, _depth(self._uid))
+        kill_sandbox(self._proc, kill_depth(self._uid))
         self._dead = why
         self._finalizer()
 
@@ -261,14 +277,14 @@ class SandboxSession:
         self.close()
 
 
-def _close_session(proc: subprocess.Popen[bytes], status: int, runner: _Runner, uid: int | None) -> None:
+def _close_session(proc: subprocess.Popen[bytes], status: int, runner: Runner, uid: int | None) -> None:
     if proc.stdin is not None:
         with contextlib.suppress(OSError):
             proc.stdin.close()  # EOF on the control channel: the server exits by itself
     try:
         proc.wait(timeout=0.5)
     except subprocess.TimeoutExpired:
-        _kill(proc, _depth(uid))
+        kill_sandbox(proc, kill_depth(uid))
     for f in (proc.stdout, proc.stderr):
         if f is not None:
             f.close()
