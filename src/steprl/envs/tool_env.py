@@ -15,6 +15,7 @@ Tools are called synchronously; an async tool needs an env whose `step` is async
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,11 +99,39 @@ def check_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> 
     return None
 
 
-def render_system_prompt(tools: Sequence[Tool], syntax: ActionSyntax) -> str:
-    """A default system prompt: the tools, how to call them, and how to answer."""
-    lines = ["You can call tools. Tools:"]
+def compact_schema(schema: Any) -> Any:
+    """A JSON schema without pydantic's ``title`` noise (property names are kept)."""
+    if isinstance(schema, list):
+        return [compact_schema(v) for v in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key == "properties" and isinstance(value, Mapping):
+            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = compact_schema(value)
+    return out
+
+
+def render_system_prompt(
+    tools: Sequence[Tool], syntax: ActionSyntax, *, instructions: str = "", schemas: bool = False
+) -> str:
+    """A default system prompt: `instructions` (if any), the tools, how to call them, and how to answer.
+
+    `schemas` adds each tool's argument schema (compacted): for tools the policy cannot know from
+    their names alone, like an MCP server's (`MCPToolEnv`).
+    """
+    lines = [instructions.strip()] if instructions.strip() else []
+    lines.append(
+        "You can call tools. Tools (arguments as JSON schema):" if schemas else "You can call tools. Tools:"
+    )
     for tool in tools:
-        lines.append(f"- {tool.name}: {tool.description}")
+        lines.append(f"- {tool.name}: {tool.description}" if tool.description else f"- {tool.name}")
+        if schemas:
+            lines.append(f"  arguments: {json.dumps(compact_schema(tool.parameters), ensure_ascii=False)}")
     lines.append("Call one tool per turn:")
     for name, arg in syntax.tag_tools.items():
         lines.append(f"  <{name}>{arg}</{name}>")
@@ -113,7 +142,7 @@ def render_system_prompt(tools: Sequence[Tool], syntax: ActionSyntax) -> str:
     return "\n".join(lines)
 
 
-def _shorten(text: str, limit: int) -> str:
+def clip_middle(text: str, limit: int) -> str:
     """Head and tail of `text` with an explicit marker, if it is longer than `limit`."""
     if len(text) <= limit:
         return text
@@ -269,9 +298,9 @@ class ToolEnv(ToolEpisode):
                         f"tool {call.name!r} returned {type(out).__name__}; tools must return str "
                         "(raise ToolError for bad input)."
                     )
-                observation = f"<result>{_shorten(out, self.max_observation_chars)}</result>"
+                observation = f"<result>{clip_middle(out, self.max_observation_chars)}</result>"
                 return self._transition(observation, rewards, kind="tool_call", tool=call.name, valid=True)
-        error = _shorten(error, _MAX_ERROR_CHARS)
+        error = clip_middle(error, _MAX_ERROR_CHARS)
         return self._transition(
             f"<error>{error}</error>", rewards, kind="tool_call", tool=call.name, valid=False, error=error
         )

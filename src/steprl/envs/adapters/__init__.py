@@ -1,7 +1,13 @@
 """Adapters that turn external environments into steprl `Env`s: Gymnasium envs and MCP servers.
 
 The names are imported lazily (PEP 562), so using one adapter does not import the other's
-dependency (importing `mcp` alone takes most of a second).
+dependency (importing `mcp` alone takes most of a second), and each adapter's optional
+dependency (the ``gym`` and ``mcp`` extras) is needed only when that adapter is used: without
+it, the import raises `steprl.extras.MissingExtra` naming the extra to install.
+
+Modules: `gymnasium_env` (`GymnasiumEnv`, `make_gym_spec`), `gym_actions` (action codecs),
+`gym_experts` (scripted policies), `mcp_env` (`MCPToolEnv`, `MCPTool`), `mcp_session` (the MCP
+client session's lifecycle).
 """
 
 from __future__ import annotations
@@ -10,36 +16,30 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from steprl.envs.adapters.gym_actions import DiscreteActions
+    from steprl.envs.adapters.gym_experts import random_policy_for, shortest_path_expert
     from steprl.envs.adapters.gymnasium_env import (
-        DiscreteActions,
         GymnasiumEnv,
         make_gym_env,
         make_gym_spec,
-        random_policy_for,
-        shortest_path_expert,
         solved_on_termination,
     )
-    from steprl.envs.adapters.mcp_env import (
-        MCPTool,
-        MCPToolEnv,
-        MCPTransportError,
-        render_mcp_system_prompt,
-        result_text,
-    )
+    from steprl.envs.adapters.mcp_env import MCPTool, MCPToolEnv
+    from steprl.envs.adapters.mcp_session import MCPTransportError, result_text
 
+#: public name -> the module (in this package) that defines it.
 _EXPORTS = {
-    "DiscreteActions": "gymnasium_env",
+    "DiscreteActions": "gym_actions",
     "GymnasiumEnv": "gymnasium_env",
     "make_gym_env": "gymnasium_env",
     "make_gym_spec": "gymnasium_env",
-    "random_policy_for": "gymnasium_env",
-    "shortest_path_expert": "gymnasium_env",
+    "random_policy_for": "gym_experts",
+    "shortest_path_expert": "gym_experts",
     "solved_on_termination": "gymnasium_env",
     "MCPTool": "mcp_env",
     "MCPToolEnv": "mcp_env",
-    "MCPTransportError": "mcp_env",
-    "render_mcp_system_prompt": "mcp_env",
-    "result_text": "mcp_env",
+    "MCPTransportError": "mcp_session",
+    "result_text": "mcp_session",
 }
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "make_gym_env",
     "make_gym_spec",
     "random_policy_for",
-    "render_mcp_system_prompt",
     "result_text",
     "shortest_path_expert",
     "solved_on_termination",

@@ -22,6 +22,9 @@ Rewards: ``outcome`` is the env reward (or ``outcome(reward, terminated, truncat
 penalty for invalid actions, ``cost`` the turn / call costs of `RewardConfig`. A valid move is
 reported as ``action_kind="tool_call"`` (an action on the environment); ``info["anchor"]`` is
 the rendered state the action was taken in (the GiGPO anchor state).
+
+This module is the adapter and its spec builder; the action codecs (text <-> action) are in
+`gym_actions.py`, the scripted policies (expert, random) in `gym_experts.py`.
 """
 
 from __future__ import annotations
@@ -29,42 +32,41 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
-from gymnasium.utils import seeding
 
+from steprl.envs.adapters.gym_actions import ActionFormatter, ActionParser, action_codec, shorten
+from steprl.envs.adapters.gym_experts import ExpertFn, ReplayExpert, random_policy_for
 from steprl.envs.base import Observation, Transition
 from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
 from steprl.envs.policy import Policy
 from steprl.envs.registry import EnvSpec
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, cost_component, format_component
+from steprl.extras import require
 from steprl.types import Task
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+    from gymnasium import spaces
+    from gymnasium.utils import seeding
+else:
+    gym = require("gymnasium", extra="gym", feature="the Gymnasium adapter")
+    spaces = require("gymnasium.spaces", extra="gym", feature="the Gymnasium adapter")
+    seeding = require("gymnasium.utils.seeding", extra="gym", feature="the Gymnasium adapter")
 
 #: Builds a Gymnasium env from keyword arguments (a registered id is passed to `gym.make`).
 GymFactory = Callable[..., gym.Env[Any, Any]]
 #: Raw observation -> the text the policy sees.
 ObsRenderer = Callable[[Any], str]
-#: Body of the action tag -> env action; raise `ValueError` with a short reason if invalid.
-ActionParser = Callable[[str], Any]
-#: Env action -> body of the action tag (the inverse of the parser, for scripted policies).
-ActionFormatter = Callable[[Any], str]
 #: (env reward, terminated, truncated) -> the step's `outcome` reward component.
 OutcomeFn = Callable[[float, bool, bool], float]
-#: Raw observation -> the env action an expert takes there.
-ExpertFn = Callable[[Any], Any]
 
-_MAX_ERROR_CHARS = 160
 _MAX_REJECTIONS = 10_000  # consecutive seeds outside the split before giving up
 _ENV_CACHE = 4  # gym env instances kept per GymnasiumEnv (one per distinct env_kwargs)
-_INTEGER = re.compile(r"-?[0-9]{1,18}")
-_JUNK = "0123456789 <>/answr{}-_:abcdefghijklmnopqrstuvwxyz"
 
 
 def solved_on_termination(reward: float, terminated: bool, truncated: bool) -> float:
@@ -88,56 +90,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     return value if isinstance(value, int | float | str | bool | type(None)) else repr(value)
-
-
-def _shorten(text: str, limit: int = _MAX_ERROR_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class DiscreteActions:
-    """The default action protocol of a ``Discrete(n, start)`` space: an integer or a name."""
-
-    def __init__(self, space: spaces.Discrete, names: Sequence[str] | None = None) -> None:
-        self.start, self.n = int(space.start), int(space.n)
-        self.names = tuple(names) if names is not None else None
-        if self.names is not None:
-            if len(self.names) != self.n:
-                raise ValueError(
-                    f"action_names has {len(self.names)} names for a Discrete({self.n}) space; give "
-                    "exactly one name per action, in action order."
-                )
-            lowered = [name.strip().lower() for name in self.names]
-            if len(set(lowered)) != self.n or not all(lowered):
-                raise ValueError(f"action_names {list(self.names)} must be non-empty and distinct.")
-            self._by_name = {name: self.start + i for i, name in enumerate(lowered)}
-
-    def parse(self, text: str) -> int:
-        body = text.strip()
-        if self.names is not None and body.lower() in self._by_name:
-            return self._by_name[body.lower()]
-        value = int(body) if _INTEGER.fullmatch(body) else None
-        if value is not None and self.start <= value < self.start + self.n:
-            return value
-        raise ValueError(f"unknown action {_shorten(body, 24)!r}; use {self.describe()}")
-
-    def format(self, action: Any) -> str:
-        index = int(action)
-        return self.names[index - self.start] if self.names is not None else str(index)
-
-    def describe(self) -> str:
-        if self.names is not None:
-            return "one of " + ", ".join(self.names)
-        return f"an integer from {self.start} to {self.start + self.n - 1}"
-
-
-def _text_parser(space: spaces.Text) -> ActionParser:
-    def parse(text: str) -> str:
-        body = text.strip()
-        if not space.contains(body):
-            raise ValueError(f"action must be {space.min_length}-{space.max_length} allowed characters")
-        return body
-
-    return parse
 
 
 class GymnasiumEnv:
@@ -194,7 +146,7 @@ class GymnasiumEnv:
                 "render_obs=lambda obs: ... to turn an observation into the text the policy sees."
             )
         self.render_obs: ObsRenderer = render_obs if render_obs is not None else _render_text
-        self.parse_action, self.format_action, describe = _action_protocol(
+        self.parse_action, self.format_action, describe = action_codec(
             self.action_space, action_names, action_parser, action_formatter
         )
         self.outcome = outcome
@@ -264,7 +216,7 @@ class GymnasiumEnv:
         except Exception:  # a custom parser's odd value: `contains` of some spaces raises on it
             allowed = False
         if not allowed:
-            return self._invalid_action(f"action {_shorten(parsed.text, 24)!r} is not in the action space")
+            return self._invalid_action(f"action {shorten(parsed.text, 24)!r} is not in the action space")
         anchor = self._rendered
         obs, reward, terminated, truncated, _ = self._env.step(move)
         env_reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
@@ -305,7 +257,7 @@ class GymnasiumEnv:
         self._invalid += 1
         give_up = self._invalid > self.max_invalid_actions
         self._done = give_up
-        reason = _shorten(reason)
+        reason = shorten(reason)
         breakdown = RewardBreakdown(
             {
                 "outcome": 0.0,
@@ -363,102 +315,7 @@ def _seed(seed: int) -> int:
     return int(seed) % 2**63
 
 
-def _action_protocol(
-    space: spaces.Space[Any],
-    names: Sequence[str] | None,
-    parser: ActionParser | None,
-    formatter: ActionFormatter | None,
-) -> tuple[ActionParser, ActionFormatter, str]:
-    """(parser, formatter, description) for `space`: the defaults, or the hooks given."""
-    if isinstance(space, spaces.Discrete):
-        default = DiscreteActions(space, names)
-        return parser or default.parse, formatter or default.format, default.describe()
-    if names is not None:
-        raise ValueError(f"action_names needs a Discrete action space, got {space}; pass action_parser.")
-    if isinstance(space, spaces.Text):
-        return parser or _text_parser(space), formatter or str, "a text action"
-    if parser is None:
-        raise ValueError(
-            f"no default action parser for {space}; pass action_parser=(text -> action, raising "
-            "ValueError for bad text) and action_formatter=(action -> text)."
-        )
-    return parser, formatter or str, f"an action of {space}"
-
-
-# --- scripted policies and the spec -------------------------------------------------------------------
-
-
-def shortest_path_expert(
-    transitions: Mapping[int, Mapping[int, Sequence[tuple[float, int, float, bool]]]],
-    is_goal: Callable[[float, bool], bool] = lambda reward, terminated: terminated and reward > 0,
-) -> ExpertFn:
-    """An expert for tabular envs with a transition table (Gymnasium toy_text ``env.unwrapped.P``).
-
-    ``P[s][a] = [(prob, next_state, reward, terminated), ...]``; the expert follows the most
-    likely outcome of each action along a shortest path (BFS) to a transition that
-    `is_goal(reward, terminated)`, avoiding other terminal transitions.
-    """
-    cache: dict[int, int] = {}
-
-    def first_move(state: int) -> int:
-        start = int(state)
-        if start in cache:
-            return cache[start]
-        seen = {start}
-        queue: deque[tuple[int, int | None]] = deque([(start, None)])
-        while queue:
-            s, first = queue.popleft()
-            for a, outcomes in sorted(transitions[s].items()):
-                _, nxt, reward, terminated = max(outcomes, key=lambda o: o[0])
-                move = a if first is None else first
-                if is_goal(float(reward), bool(terminated)):
-                    cache[start] = int(move)
-                    return int(move)
-                if not terminated and int(nxt) not in seen:
-                    seen.add(int(nxt))
-                    queue.append((int(nxt), move))
-        raise ValueError(f"no path to a goal from state {start}; check is_goal.")
-
-    return first_move
-
-
-class _ReplayExpert:
-    """A `Policy` from an `ExpertFn` on raw observations.
-
-    Policies see text only, so the raw observation is recovered by replaying the episode's
-    actions in a private `GymnasiumEnv` reset with ``task.seed`` (exact when the real episode
-    used that seed, or the dynamics are deterministic). Replays extend incrementally.
-    """
-
-    def __init__(self, shadow: GymnasiumEnv, expert: ExpertFn) -> None:
-        self.shadow, self.expert = shadow, expert
-        self._task: Task | None = None
-        self._done: list[str] = []
-
-    def __call__(self, task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
-        actions = [a for a, _ in history]
-        if self._task != task or actions[: len(self._done)] != self._done:
-            self.shadow.reset(task, task.seed)
-            self._task, self._done = task, []
-        for action in actions[len(self._done) :]:
-            self.shadow.step(action)
-            self._done.append(action)
-        move = self.expert(self.shadow.raw_obs)
-        tag = self.shadow.action_tag
-        return f"<{tag}>{self.shadow.format_action(move)}</{tag}>"
-
-
-def random_policy_for(template: GymnasiumEnv, junk_rate: float = 0.15) -> Policy:
-    """Samples the action space (seeded from `rng`); a `junk_rate` share of malformed text."""
-    space, tag = template.action_space, template.action_tag
-
-    def random_policy(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
-        if rng.random() < junk_rate:
-            return "".join(rng.choice(_JUNK) for _ in range(rng.randint(0, 24)))
-        space.seed(rng.getrandbits(32))
-        return f"<{tag}>{template.format_action(space.sample())}</{tag}>"
-
-    return random_policy
+# --- the spec: one task per seed ------------------------------------------------------------------------
 
 
 def split_of(prompt: str, eval_fraction: float) -> str:
@@ -503,7 +360,7 @@ def make_gym_spec(
 
     policies: dict[str, Policy] = {"random": random_policy_for(template)}
     if expert is not None:
-        policies["expert"] = _ReplayExpert(GymnasiumEnv(env, **env_options), expert)
+        policies["expert"] = ReplayExpert(GymnasiumEnv(env, **env_options), expert)
     policies.update(strategies or {})
     return EnvSpec(
         name=name,

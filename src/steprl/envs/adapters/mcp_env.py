@@ -1,8 +1,8 @@
 """`MCPToolEnv`: the tools of any MCP server (over stdio) as an async steprl tool environment.
 
-Each episode starts the server as a subprocess (``mcp.stdio_client``), opens a
-``mcp.ClientSession``, lists the server's tools and exposes them as `MCPTool` objects; the
-system prompt lists them with their JSON schemas. The policy calls them in the JSON style,
+Each episode starts a fresh server and session (`mcp_session.MCPSession`), lists the server's
+tools and exposes them as `MCPTool` objects; the system prompt lists them with their JSON
+schemas (`tool_env.render_system_prompt`). The policy calls them in the JSON style,
 ``<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>``, and finishes with
 ``<answer>...</answer>``, which the verifier scores. The error channels of `base.py`:
 
@@ -14,36 +14,28 @@ system prompt lists them with their JSON schemas. The policy calls them in the J
   `MCPTransportError`, so the agent loop marks the trajectory `infra_failed`.
 
 The session lives for one episode: `reset` closes the previous one and starts a fresh server,
-so no state leaks between episodes; `close` shuts the subprocess down (the SDK closes its
-stdin, then terminates the process group) and is idempotent.
-
-Why a task per session: anyio's cancel scopes (inside ``stdio_client`` and ``ClientSession``)
-must be entered and exited by the same task, but `reset` and `close` may run in different
-tasks and interleave with other envs' sessions; the session's task owns both context managers
-and the env talks to the session from whichever task calls `step`.
+so no state leaks between episodes; `close` shuts the subprocess down and is idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
-import sys
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, TextIO, cast
+from typing import IO, TYPE_CHECKING, Any, TextIO, cast
 
-import mcp.types as mcp_types
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
-
+from steprl.envs.adapters.mcp_session import MCPSession
 from steprl.envs.base import Observation, ToolError, Transition, maybe_await
 from steprl.envs.parsing import ActionSyntax, FinalAnswer, InvalidAction, ToolCall
 from steprl.envs.parsing import stop_strings as make_stop_strings
 from steprl.envs.rewards import RewardConfig, step_rewards
-from steprl.envs.tool_env import ToolEpisode, check_arguments
+from steprl.envs.tool_env import ToolEpisode, check_arguments, clip_middle, render_system_prompt
 from steprl.types import Task
+
+if TYPE_CHECKING:
+    from mcp import StdioServerParameters
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +43,6 @@ logger = logging.getLogger(__name__)
 AsyncVerifier = Callable[[str, Task], float | Awaitable[float]]
 
 _MAX_ERROR_CHARS = 160
-
-
-class MCPTransportError(RuntimeError):
-    """The MCP server or its connection failed (not the model's fault): an infrastructure error."""
 
 
 @dataclass
@@ -70,7 +58,7 @@ class MCPTool:
     name: str
     description: str
     parameters: Mapping[str, Any]
-    session: _Session = field(repr=False)
+    session: MCPSession = field(repr=False)
 
     async def acall(self, **kwargs: Any) -> str:
         return await self.session.call(self.name, kwargs)
@@ -87,184 +75,6 @@ class MCPTool:
                 "use `await tool.acall(...)` there, or call it from another thread."
             )
         return asyncio.run_coroutine_threadsafe(self.acall(**kwargs), loop).result()
-
-
-def result_text(result: mcp_types.CallToolResult) -> str:
-    """The text of a tool result: its text blocks, placeholders for binary ones, or the structured content."""
-    parts: list[str] = []
-    for block in result.content:
-        if isinstance(block, mcp_types.TextContent):
-            parts.append(block.text)
-        elif isinstance(block, mcp_types.EmbeddedResource):
-            resource = block.resource
-            text = resource.text if isinstance(resource, mcp_types.TextResourceContents) else None
-            parts.append(text if text is not None else f"[binary resource {resource.uri}]")
-        elif isinstance(block, mcp_types.ResourceLink):
-            parts.append(f"[resource {block.uri}]")
-        else:
-            parts.append(f"[{block.type} content]")
-    if not parts and result.structured_content is not None:
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
-    return "\n".join(parts)
-
-
-class _Session:
-    """One MCP client session, owned by its own task (see the module docstring)."""
-
-    def __init__(self, server: StdioServerParameters, errlog: TextIO | None, call_timeout_s: float) -> None:
-        self.server, self.errlog, self.call_timeout_s = server, errlog, call_timeout_s
-        self.loop = asyncio.get_running_loop()
-        self._ready: asyncio.Future[tuple[ClientSession, mcp_types.InitializeResult, list[mcp_types.Tool]]]
-        self._ready = self.loop.create_future()
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.session: ClientSession | None = None
-        self.init: mcp_types.InitializeResult | None = None
-        self.tools: list[mcp_types.Tool] = []
-
-    async def start(self, timeout_s: float) -> None:
-        self._task = asyncio.create_task(self._own(), name=f"mcp-session:{self.server.command}")
-        try:
-            self.session, self.init, self.tools = await asyncio.wait_for(
-                asyncio.shield(self._ready), timeout_s
-            )
-        except BaseException as exc:
-            await self.aclose(cancel=True)
-            if isinstance(exc, TimeoutError):
-                raise MCPTransportError(
-                    f"MCP server {self.server.command!r} did not start within {timeout_s}s; check the "
-                    "command, or raise startup_timeout_s."
-                ) from exc
-            if isinstance(exc, Exception) and not isinstance(exc, MCPTransportError):
-                raise MCPTransportError(
-                    f"could not start MCP server {self.server.command!r} {self.server.args}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            raise
-
-    async def _own(self) -> None:
-        try:
-            with contextlib.ExitStack() as files:
-                errlog = self.errlog if self.errlog is not None else _default_errlog(files)
-                async with (
-                    stdio_client(self.server, errlog=errlog) as (read, write),
-                    ClientSession(read, write) as session,
-                ):
-                    init = await session.initialize()
-                    tools = await _list_all_tools(session)
-                    self._ready.set_result((session, init, tools))
-                    await self._stop.wait()
-        except BaseException as exc:
-            if not self._ready.done():
-                self._ready.set_exception(exc if isinstance(exc, Exception) else MCPTransportError(repr(exc)))
-            if not isinstance(exc, Exception):
-                raise
-            logger.debug("MCP session for %r ended with %r", self.server.command, exc)
-
-    async def call(self, name: str, arguments: Mapping[str, Any]) -> str:
-        if self.session is None:
-            raise RuntimeError("the MCP session is not open; call reset(task, seed) first.")
-        try:
-            result = await self.session.call_tool(
-                name, dict(arguments), read_timeout_seconds=self.call_timeout_s
-            )
-        except MCPError as exc:
-            if exc.code == mcp_types.INVALID_PARAMS:  # the server refused the model's arguments
-                raise ToolError(exc.message or "invalid arguments") from exc
-            raise MCPTransportError(
-                f"MCP call {name!r} failed: {exc.message} (JSON-RPC code {exc.code}); the server "
-                "died, hung past call_timeout_s, or broke the protocol."
-            ) from exc
-        text = result_text(result)
-        if result.is_error:
-            raise ToolError(text or "tool error")
-        return text
-
-    async def aclose(self, *, cancel: bool = False) -> None:
-        """Stop the session's task (which shuts the server down); idempotent.
-
-        `cancel` interrupts a session still starting up (the SDK still stops the process).
-        """
-        self._stop.set()
-        task, self._task, self.session = self._task, None, None
-        if task is not None and not task.done():
-            if cancel:
-                task.cancel()
-            try:
-                await asyncio.shield(task)  # a cancelled caller must not cancel the shutdown
-            except asyncio.CancelledError:
-                if not (task.done() and task.cancelled()):
-                    raise  # our caller was cancelled, not (only) the session's task
-        if not self._ready.done():
-            self._ready.cancel()
-        elif not self._ready.cancelled():
-            self._ready.exception()  # mark a startup failure as retrieved (no GC warning)
-
-
-def _default_errlog(files: contextlib.ExitStack) -> TextIO:
-    """The server's stderr: ours when it is a real file, else /dev/null (e.g. under capture)."""
-    try:
-        sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return cast(TextIO, files.enter_context(open(os.devnull, "w")))
-    return sys.stderr
-
-
-async def _list_all_tools(session: ClientSession) -> list[mcp_types.Tool]:
-    tools: list[mcp_types.Tool] = []
-    cursor: str | None = None
-    while True:
-        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor is not None else None
-        page = await session.list_tools(params=params)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            return tools
-
-
-def compact_schema(schema: Any) -> Any:
-    """A JSON schema without pydantic's ``title`` noise (property names are kept)."""
-    if isinstance(schema, list):
-        return [compact_schema(v) for v in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key == "properties" and isinstance(value, Mapping):
-            out[key] = {name: compact_schema(sub) for name, sub in value.items()}
-        else:
-            out[key] = compact_schema(value)
-    return out
-
-
-def render_mcp_system_prompt(
-    tools: Sequence[MCPTool],
-    *,
-    instructions: str = "",
-    answer_tag: str = "answer",
-    call_tag: str = "tool_call",
-) -> str:
-    """The tools with their argument schemas, how to call them, and how to answer."""
-    lines = [instructions.strip()] if instructions.strip() else []
-    lines.append("You can call tools. Tools (arguments as JSON schema):")
-    for tool in tools:
-        lines.append(f"- {tool.name}: {tool.description}".rstrip(": "))
-        lines.append(f"  arguments: {json.dumps(compact_schema(tool.parameters), ensure_ascii=False)}")
-    lines.append(f'Call one tool per turn: <{call_tag}>{{"name": ..., "arguments": {{...}}}}</{call_tag}>')
-    lines.append("A result comes back as <result>...</result>, a mistake as <error>...</error>.")
-    lines.append(f"Finish with <{answer_tag}>your answer</{answer_tag}>.")
-    return "\n".join(lines)
-
-
-def _shorten(text: str, limit: int) -> str:
-    """Head and tail of `text` with an explicit marker, if it is longer than `limit`."""
-    if len(text) <= limit:
-        return text
-    marker = f"...[{len(text) - limit} chars cut]..."
-    head = max(0, (limit - len(marker)) // 2)
-    return text[:head] + marker + text[len(text) - head :] if head else text[:limit]
 
 
 def _usable(name: str) -> bool:
@@ -343,7 +153,7 @@ class MCPToolEnv(ToolEpisode):
         self.skipped_tools: tuple[str, ...] = ()  # listed by the server but not exposed
         self.server_instructions: str | None = None
         self.syntax = ActionSyntax(json_tools=frozenset())
-        self._session: _Session | None = None
+        self._session: MCPSession | None = None
         self._task: Task | None = None
         self._done = True
         self._broken = False
@@ -357,7 +167,7 @@ class MCPToolEnv(ToolEpisode):
         """
         old, self._session = self._session, None
         self._task, self._done, self.tools = None, True, {}
-        session = _Session(self.server, self.errlog, self.call_timeout_s)
+        session = MCPSession(self.server, self.errlog, self.call_timeout_s)
         started, closed = await asyncio.gather(
             session.start(self.startup_timeout_s),
             old.aclose() if old is not None else asyncio.sleep(0),
@@ -386,7 +196,7 @@ class MCPToolEnv(ToolEpisode):
         self.system_prompt = (
             self._fixed_prompt
             if self._fixed_prompt is not None
-            else render_mcp_system_prompt(tools, instructions=self.instructions)
+            else render_system_prompt(tools, self.syntax, instructions=self.instructions, schemas=True)
         )
         self._task, self._done, self._broken, self._invalid, self._turn = task, False, False, 0, 0
         return Observation(text=task.prompt, info={"task_id": task.id, "seed": seed})
@@ -431,9 +241,9 @@ class MCPToolEnv(ToolEpisode):
                 self._broken = True
                 raise
             else:
-                observation = f"<result>{_shorten(out, self.max_observation_chars)}</result>"
+                observation = f"<result>{clip_middle(out, self.max_observation_chars)}</result>"
                 return self._transition(observation, rewards, kind="tool_call", tool=call.name, valid=True)
-        error = _shorten(error, _MAX_ERROR_CHARS)
+        error = clip_middle(error, _MAX_ERROR_CHARS)
         return self._transition(
             f"<error>{error}</error>", rewards, kind="tool_call", tool=call.name, valid=False, error=error
         )
