@@ -1,8 +1,8 @@
 """AppWorld-like stateful apps: contacts, email and calendar over SQLite, verified by unit tests.
 
 Layout: `world` (seeded data) -> `db` (golden database per world, one private copy per
-episode, `state_hash`) -> `api` (the functions, `api_docs`) -> `checks` (unit tests over the
-final state) -> `templates` (task templates with the expert's plans) -> `tasks` (the task
+episode, `state_hash`) -> `api` (the functions, one module per app, `api_docs`) -> `checks`
+(unit tests over the final state) -> `templates` (task templates with the expert's plans) -> `tasks` (the task
 stream) -> `code_actions` (the python executor: snippets in the sandbox, API calls forwarded
 to the host) -> `env` (`AppsEnv`) -> `policies` (expert, partial, careless, random, and the
 python executor's expert_python, random_python).
