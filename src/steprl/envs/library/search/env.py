@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from steprl.envs.base import Observation, Transition
-from steprl.envs.library.search.retriever import Retriever, check_k, local_retriever
+from steprl.envs.library.search.retriever import Retriever, check_k, local_retriever, require_bm25s
 from steprl.envs.library.search.scoring import exact_match, f1_score
 from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, step_rewards
@@ -115,6 +115,7 @@ class SearchEnv:
                 raise ValueError("retriever='http' needs url='http://127.0.0.1:PORT' (see serve_retriever).")
             self._retriever: Retriever | None = _http_retriever(url, float(timeout))
         elif retriever == "local":
+            require_bm25s()  # without the search extra, fail here rather than at the first reset
             self._retriever = None  # the task's corpus, chosen at reset
         elif isinstance(retriever, Retriever):
             self._retriever = retriever

@@ -10,6 +10,10 @@ is served over HTTP by `server.py` (`HttpRetriever`).
 Tokenisation (index and queries alike): lowercase alphanumeric runs minus bm25s's English
 stop words and question words, so a whole question ("Where was Zorvan born?") is a usable
 query too.
+
+`bm25s` is the ``search`` extra: without it the env is still registered and its tasks still
+stream, but building the local retriever (or a `SearchEnv` that would use one) raises
+`MissingExtra` naming the extra.
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ import functools
 import re
 import threading
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from steprl.envs.library.search.corpus import Corpus, Doc, corpus_for
+from steprl.extras import require
 
 _WORD = re.compile(r"[a-z0-9]+")
 _QUESTION_WORDS = frozenset({"who", "what", "where", "which", "when", "does", "did", "do"})
 MAX_K = 50  # more documents than a policy could read in one observation
+_FEATURE = "env 'search'"
 
 
 @runtime_checkable
@@ -34,11 +41,15 @@ class Retriever(Protocol):
     def search(self, query: str, k: int) -> list[Doc]: ...
 
 
+def require_bm25s() -> ModuleType:
+    """The `bm25s` module, or `MissingExtra`: "env 'search' needs the search extra: ..."."""
+    return require("bm25s", extra="search", feature=_FEATURE)
+
+
 @functools.cache
 def _stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_EN
-
-    return frozenset(STOPWORDS_EN) | _QUESTION_WORDS
+    stopwords = require("bm25s.stopwords", extra="search", feature=_FEATURE)
+    return frozenset(stopwords.STOPWORDS_EN) | _QUESTION_WORDS
 
 
 def tokenize(text: str) -> list[str]:
@@ -58,8 +69,7 @@ class BM25Retriever:
     """BM25 over `docs` (index built once, here; `search` is thread-safe)."""
 
     def __init__(self, docs: Sequence[Doc]) -> None:
-        import bm25s
-
+        bm25s = require_bm25s()
         if not docs:
             raise ValueError("BM25Retriever needs at least one document.")
         self.docs: tuple[Doc, ...] = tuple(docs)
