@@ -223,4 +223,3 @@ def test_env_subclass_inherits_the_defaults_the_core_reads():
 
     env = Minimal()
     assert isinstance(env, Env) and env.system_prompt == "" and tuple(env.stop_strings) == ()
-
