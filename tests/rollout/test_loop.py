@@ -5,7 +5,7 @@ from itertools import islice
 
 import pytest
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.registry import make_env, make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
@@ -84,7 +84,7 @@ def test_token_budgets(tokenizer, task):
         assert len(s.prompt_ids) + len(s.action_ids) <= 60
 
 
-class _CrashingEnv:
+class _CrashingEnv(Env):
     stop_strings = ("</calc>", "</answer>")
 
     def __init__(self, crash_on: str):
@@ -111,7 +111,7 @@ def test_env_exception_is_infra_failed_not_reward_zero(tokenizer, task, where):
     assert "crashed" in traj.info["error"] or "unreachable" in traj.info["error"]
 
 
-class _AsyncEnv:
+class _AsyncEnv(Env):
     stop_strings = ("</answer>",)
 
     async def reset(self, task, seed):
