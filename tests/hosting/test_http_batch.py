@@ -195,8 +195,8 @@ def _ready(c: httpx.Client, env: str, **params: Any) -> str:
 
 
 def test_a_batch_of_steps_with_a_hung_and_a_raising_env_answers_each_as_its_route_would(server):
-    """One thread group for the batch's steps: the hung step is 504 and its instance destroyed,
-    the raising one 500 and broken, every other step applied once."""
+    """The step lane (one thread group, one deadline): the hung step is 504 and its instance
+    destroyed, the raising one 500 and broken, every other step applied once."""
     with http(server) as c:
         quick = [_ready(c, "fault_count", episode_len=5) for _ in range(6)]
         hung = _ready(c, "fault_sleep", where="step", close_wakes=True)

@@ -3,11 +3,11 @@
 A hung env call must never stall the server, so sync env methods run on worker threads and the
 loop awaits a future. Handing each call to a thread and back costs ~20 µs of CPU and a GIL
 hand-off; for a `/v1/batch` of quick steps that was a quarter of the server's time. So calls
-submitted in one event-loop tick (a `/v1/batch`'s) go to the threads as one `_Group`: one
-thread drains them in order while they are quick, and once the group has run for `spread_s`
-with calls still waiting (one is slow or hung) every waiting call gets a thread of its own.
-A slow call therefore holds up the calls queued behind it by at most `spread_s`, and a group
-of quick calls costs one hand-off each way instead of one per call.
+submitted together (`run_many`) go to the threads as one `_Group`: one thread drains them in
+order while they are quick, and once the group has run for `spread_s` with calls still waiting
+(one is slow or hung) every waiting call gets a thread of its own. A slow call therefore holds
+up the calls queued behind it by at most `spread_s`, and a group of quick calls costs one
+hand-off each way instead of one per call.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import inspect
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -77,6 +77,19 @@ class WorkerThreads:
         live = [c for c in calls if not c[1].cancelled()]
         if live:
             self._start(loop, live)
+
+    def run_many(
+        self,
+        calls: Sequence[Callable[[], Any]],
+        *,
+        orphans: Sequence[Callable[[Any], None] | None] | None = None,
+    ) -> list[asyncio.Future[Any]]:
+        """Start `calls` as one group now; a future per call, in order (`Overloaded` past `limit`)."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in calls]
+        late = list(orphans) if orphans is not None else [None] * len(calls)
+        self._start(loop, list(zip(calls, futures, late, strict=True)))
+        return futures
 
     def _start(self, loop: asyncio.AbstractEventLoop, calls: list[_Call]) -> None:
         with self._lock:
