@@ -128,25 +128,28 @@ class StreamedBatch(Response):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         lines: list[tuple[int, dict[str, Any]]] = []  # results not sent yet
         wake = asyncio.Event()
+        left, started, holding = len(self.calls), False, True
 
         def emit(i: int, result: dict[str, Any]) -> None:
             lines.append((i, result))
-            wake.set()
+            if not holding or len(lines) >= left:  # while holding, one wake-up: the last result
+                wake.set()
 
         runner = asyncio.ensure_future(run_batch(self.state, self.calls, emit))
         runner.add_done_callback(lambda _: wake.set())
-        left, started = len(self.calls), False
         hold_until = asyncio.get_running_loop().time() + HOLD_S
         try:
             while left:
-                if not lines and runner.done():
-                    break  # it never ends with a call unanswered; if it did, the client says so
-                holding = not started and len(lines) < left
-                if not lines or (holding and asyncio.get_running_loop().time() < hold_until):
-                    wake.clear()
+                if holding:
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout_at(hold_until if lines else None):
+                        async with asyncio.timeout_at(hold_until):
                             await wake.wait()
+                    holding = False
+                if not lines:
+                    if runner.done():
+                        break  # it never ends with a call unanswered; if it did, the client says so
+                    wake.clear()  # nothing awaited since `lines` was seen empty: no result is missed
+                    await wake.wait()
                     continue
                 # In call order within a chunk: the client resumes its callers in the order
                 # of the lines, so a batch answered at once resumes them as in-process calls
