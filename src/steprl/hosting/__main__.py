@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
+from steprl.extras import MissingExtra
 from steprl.hosting.command import serve_env
 
 
 def main() -> None:
-    typer.run(serve_env)
+    try:
+        typer.run(serve_env)
+    except MissingExtra as err:  # one line, as `steprl serve-env` prints it
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -94,6 +94,8 @@ class Coalescer:
     `ticks`: loop iterations a window stays open (ready callbacks of other episodes run first).
     `max_calls` / `max_bytes`: one request's bounds; a fuller window is split into several.
     `plain_http`: use `PlainHttp` for `http://` URLs (False: httpx, as for `https://`).
+    `stream`: ask for a streamed answer (NDJSON: each call's result as it is final; False: the
+    whole batch answered at once, so a slow call holds back the others).
     Each transport is made on first use and closed when `asyncio.run` shuts its loop down.
     """
 
@@ -103,6 +105,7 @@ class Coalescer:
     max_calls: int = MAX_BATCH_CALLS
     max_bytes: int = 512 * 1024
     plain_http: bool = True
+    stream: bool = True
     counter: Counter = field(default_factory=Counter)
     _pending: list[_Call] = field(default_factory=list)
     _plain: PlainHttp | None = None
@@ -176,11 +179,12 @@ class Coalescer:
                     content,
                     content_type="application/json",
                     timeout=timeout,
-                    accept=NDJSON,
+                    accept=NDJSON if self.stream else "application/json",
                     on_line=streamed.line,
                 )
             else:
-                headers = {**self.headers, "Content-Type": "application/json", "Accept": NDJSON}
+                accept = NDJSON if self.stream else "application/json"
+                headers = {**self.headers, "Content-Type": "application/json", "Accept": accept}
                 request = transport.stream(
                     "POST", self.url + "/v1/batch", content=content, headers=headers, timeout=timeout
                 )
