@@ -118,5 +118,5 @@ def main() -> None:
     try:
         app(sys.argv[1:])
     except MissingExtra as err:
-        console.print(str(err), style="red", markup=False, highlight=False)
+        console.print(str(err), style="red", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
