@@ -112,11 +112,13 @@ app.command("serve-env")(serve_env)
 
 
 def main() -> None:
-    """The `steprl` command: a feature asked for without its extra is one line, not a traceback."""
+    """The `steprl` command: a feature asked for without its extra, or an env that lacks an `Env`
+    member, is one line, not a traceback."""
+    from steprl.envs.base import IncompleteEnv
     from steprl.extras import MissingExtra
 
     try:
         app(sys.argv[1:])
-    except MissingExtra as err:
+    except (MissingExtra, IncompleteEnv) as err:
         console.print(str(err), style="red", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(2) from None

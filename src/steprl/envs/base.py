@@ -81,6 +81,25 @@ class Env(Protocol):
     def close(self) -> None | Awaitable[None]: ...
 
 
+class IncompleteEnv(TypeError):
+    """An env factory built an object that lacks a member of `Env` (found before any episode)."""
+
+
+#: What the core reads of every env (the members of `Env`).
+ENV_MEMBERS = ("system_prompt", "stop_strings", "reset", "step", "close")
+
+
+def missing_members(env: object) -> str | None:
+    """None when `env` has every member the core reads; else what to fix, in one sentence."""
+    missing = [m for m in ENV_MEMBERS if not hasattr(env, m)]
+    if not missing:
+        return None
+    return (
+        f"{type(env).__name__} lacks {', '.join(missing)}; subclass steprl.envs.base.Env (it gives "
+        "system_prompt and stop_strings their defaults) or define them"
+    )
+
+
 class ToolError(Exception):
     """Raised by a tool for a *model* error (bad arguments); shown to the model, never fatal."""
 

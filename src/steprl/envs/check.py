@@ -2,9 +2,10 @@
 
 Like Gymnasium's ``env_checker`` and dm_env's ``EnvironmentTestMixin``, but for text agents:
 
-1. API and types: `reset` returns an `Observation`, `step` a `Transition` whose reward is a
-   finite number equal to the sum of ``info["reward_components"]``; `stop_strings` is a
-   sequence of non-empty strings. Sync and async methods are both accepted.
+1. API and types: the env has every `Env` member the core reads (`system_prompt`, a str;
+   `stop_strings`, a sequence of non-empty strings, possibly empty; `reset`, `step`, `close`);
+   `reset` returns an `Observation`, `step` a `Transition` whose reward is a finite number equal
+   to the sum of ``info["reward_components"]``. Sync and async methods are both accepted.
 2. Determinism: the task stream is a pure function of (split, seed); the same task, seed and
    actions give the same observations and rewards (replayed in a fresh instance); train and
    eval splits share no prompt on a sample.
@@ -28,7 +29,7 @@ from itertools import islice
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-from steprl.envs.base import Env, Observation, Transition, maybe_await
+from steprl.envs.base import Env, Observation, Transition, maybe_await, missing_members
 from steprl.envs.policy import Policy
 from steprl.envs.registry import EnvSpec, get_spec
 from steprl.types import Task
@@ -235,14 +236,9 @@ def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
         env = spec.factory(**params)
     except Exception as exc:
         raise EnvCheckError(f"env {spec.name!r}: factory(**{params}) raised {exc!r}.") from exc
-    missing = [m for m in ("system_prompt", "stop_strings", "reset", "step", "close") if not hasattr(env, m)]
-    if missing or not isinstance(env, Env):
-        _fail(
-            spec.name,
-            f"factory returned {type(env).__name__}, which lacks {', '.join(missing) or 'the Env members'}; "
-            "subclass steprl.envs.base.Env (it gives system_prompt and stop_strings their defaults) "
-            "or define them.",
-        )
+    problem = missing_members(env)
+    if problem or not isinstance(env, Env):
+        _fail(spec.name, f"factory returned {problem or type(env).__name__ + ', not an Env'}.")
     stops = env.stop_strings
     if (
         isinstance(stops, str)

@@ -8,10 +8,12 @@ against all three.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from steprl.envs.base import Env
+from steprl.envs.base import Env, IncompleteEnv, missing_members
 from steprl.envs.registry import get_spec
 from steprl.extras import require_extra
 from steprl.types import Task
@@ -33,14 +35,32 @@ class InProcessBackend:
     name = "inprocess"
 
     def __init__(self, env: str, params: Mapping[str, Any]) -> None:
+        self._name = env
         self._factory = get_spec(env).factory
         self._params = dict(params)
 
     def make_env(self, task: Task) -> Env:
         return self._factory(**self._params)
 
+    def probe(self) -> InProcessBackend:
+        """Fail fast: build one env and check it has every member the core reads (else every
+        episode would end `infra_failed` on the same AttributeError). Call outside an event loop."""
+        env = self._factory(**self._params)
+        problem = missing_members(env)
+        if "close" not in (problem or ""):
+            closed = env.close()
+            if inspect.isawaitable(closed):
+                asyncio.run(_awaited(closed))
+        if problem:
+            raise IncompleteEnv(f"env {self._name!r}: its factory returned {problem}")
+        return self
+
     def close(self) -> None:
         pass
+
+
+async def _awaited(value: Awaitable[object]) -> None:
+    await value
 
 
 def _http(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
@@ -60,7 +80,7 @@ def _ray(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
 #: runtime.backend -> (env name, env params, the config's RuntimeSection) -> EnvBackend.
 #: HTTP and Ray are imported only when picked (ray is heavy to import, and both are extras).
 BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any], EnvBackend]] = {
-    "inprocess": lambda env, params, runtime: InProcessBackend(env, params),
+    "inprocess": lambda env, params, runtime: InProcessBackend(env, params).probe(),
     "http": _http,
     "ray": _ray,
 }

@@ -1,4 +1,4 @@
-"""`RemoteEnv`: the `Env` protocol over HTTP (httpx), and `HttpEnvBackend`, which makes them.
+"""`RemoteEnv`: the `Env` protocol over HTTP; `HttpEnvBackend` (`http_backend.py`) makes them.
 
     backend = HttpEnvBackend("http://127.0.0.1:8765", token, "calculator", {})
     env = backend.make_env(task)          # no I/O yet: the agent loop calls this synchronously
@@ -20,13 +20,12 @@ Failure semantics (reference/reliability.md §2.2):
 
 Coalescing (`HttpEnvBackend(coalesce=True)`, the default): the calls that a backend's envs make
 in the same event-loop tick travel as one `POST /v1/batch` (`coalesce.py`); each call keeps its
-own deadline, retries and error classification, exactly as above. The price: a batch is answered
-when its slowest call is, so a slow env call delays the calls batched with it (never past their
-own deadlines). `coalesce=False` sends one request per call.
+own deadline, retries and error classification, exactly as above. The answer is streamed, so
+a slow env call holds back the calls batched with it by at most a few milliseconds (`batch.py`).
 
-With `coalesce=False` each env has an httpx client of its own (one keep-alive connection), made
-on the loop of its first call (httpx clients belong to a loop) and closed with the env.
-`HttpEnvBackend` (`http_backend.py`) makes these envs for a run.
+`coalesce=False` sends one request per call, each env over an httpx client of its own (one
+keep-alive connection), made on the loop of its first call (httpx clients belong to a loop)
+and closed with the env.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from typing import Any
 import httpx
 
 from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
-from steprl.hosting.coalesce import Answer, Coalescers, answer_from
+from steprl.hosting.coalesce import Answer, Coalescers, answer_from, async_client
 from steprl.hosting.protocol import (
     CreateRequest,
     CreateResponse,
@@ -206,7 +205,7 @@ class RemoteEnv:
 
     async def _create(self) -> None:
         if self._client is None and self._coalescers is None:  # a retried create keeps its client
-            self._client = httpx.AsyncClient(trust_env=False)
+            self._client = async_client(self.url)
         # One key for every try of this create: a retry after a lost answer gets the same instance.
         body = CreateRequest(env=self.env, params=self.params, key=uuid.uuid4().hex).model_dump()
         created = parse_answer(

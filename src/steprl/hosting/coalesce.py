@@ -15,7 +15,9 @@ then decides (a step is retried with its seq, which the server de-duplicates).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import ssl
 import threading
 import weakref
 from collections.abc import Mapping
@@ -29,6 +31,24 @@ from steprl.hosting.plain_http import PlainHttp, Reply
 from steprl.hosting.protocol import MAX_BATCH_CALLS, NDJSON
 
 _MAX_RETRY_AFTER_S = 60.0
+
+# Below the server's keep-alive (5 s): a connection is never reused at the very moment the
+# server closes it (a "server disconnected" on a healthy server, which would cost a retry).
+_LIMITS = httpx.Limits(max_connections=2, max_keepalive_connections=1, keepalive_expiry=2.0)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return ssl.create_default_context()  # ~35 ms: built once per process, for https only
+
+
+def async_client(url: str) -> httpx.AsyncClient:
+    """An httpx client for one env or one coalescer: TLS verified for https (one shared
+    context), none to set up for plain http; proxies from the environment are ignored."""
+    verify: ssl.SSLContext | bool = _tls() if url.startswith("https:") else False
+    return httpx.AsyncClient(limits=_LIMITS, verify=verify, trust_env=False)
+
+
 _Key = tuple[str, tuple[tuple[str, str], ...]]  # (server URL, request headers)
 
 
@@ -134,9 +154,12 @@ class Coalescer:
             if self.plain_http and self.url.startswith("http://"):
                 transport = self._plain = PlainHttp(self.url, self.headers)
             else:
-                transport = self._httpx = httpx.AsyncClient(trust_env=False)
-            # asyncio.run cancels pending tasks before it closes the loop: close connections then
-            self._tasks.add(loop.create_task(_close_at_shutdown(transport)))
+                transport = self._httpx = async_client(self.url)
+            # asyncio.run cancels pending tasks before it closes the loop: close connections then.
+            # Dropped from `_tasks` when done, so no finished task keeps the closed loop alive.
+            closer = loop.create_task(_close_at_shutdown(transport))
+            self._tasks.add(closer)
+            closer.add_done_callback(self._tasks.discard)
         return transport
 
     def _tick(self, loop: asyncio.AbstractEventLoop, left: int) -> None:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from steprl.envs.library.search.corpus import Doc
 from steprl.envs.library.search.retriever import MAX_K, Retriever, check_k
+from steprl.extras import require
 
 MAX_QUERY_CHARS = 1000
 
@@ -49,9 +50,9 @@ class RetrieverError(RuntimeError):
 
 def create_app(retriever: Retriever, *, num_docs: int | None = None) -> Any:
     """A FastAPI app serving `retriever.search` at POST /search (and GET /health)."""
-    from fastapi import FastAPI
+    fastapi = require("fastapi", extra="serve", feature="the search retriever server")
 
-    app = FastAPI(title="steprl search retriever")
+    app = fastapi.FastAPI(title="steprl search retriever")
 
     @app.post("/search")
     def search(request: SearchRequest) -> SearchResponse:  # sync: FastAPI runs it in a thread pool
@@ -76,7 +77,7 @@ class HttpRetriever:
     """
 
     def __init__(self, url: str, *, timeout: float = 5.0) -> None:
-        import httpx
+        httpx = require("httpx", extra="serve", feature="env 'search' with retriever='http'")
 
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}.")
@@ -116,7 +117,7 @@ def serve_retriever(
 
     `port=0` binds a free port (the socket is bound here, so there is no race for it).
     """
-    import uvicorn
+    uvicorn = require("uvicorn", extra="serve", feature="the search retriever server")
 
     # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and
     # without it every response waits ~40 ms for a delayed ACK (headers and body are two writes).
