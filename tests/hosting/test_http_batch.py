@@ -328,3 +328,21 @@ def test_a_quick_streamed_batch_comes_in_one_piece_and_a_slow_one_in_chunks(serv
         bursts = [[x["index"] for x in json.loads(line)] for line in streamed.text.splitlines()]
         assert bursts == [[1, 2, 3, 4], [0]]  # the quick ones together, the slow call's answer last
         _batch(c, *((i, "close", {}) for i in [*quick, slow]))
+
+
+def test_finished_event_loops_are_not_kept_alive(server):
+    """The trainer runs one asyncio.run per rollout phase: each loop's coalescer (and its
+    transport) must go with the loop, not pile up for the whole run."""
+    import gc
+
+    backend = HttpEnvBackend(server.url, server.token, "fault_count", {"episode_len": 3})
+
+    async def phase() -> None:
+        envs = [backend.make_env(fault_task(i=i)) for i in range(4)]
+        await asyncio.gather(*(e.reset(fault_task(i=i), i) for i, e in enumerate(envs)))
+        await asyncio.gather(*(e.close() for e in envs))
+
+    for _ in range(3):
+        asyncio.run(phase())
+    gc.collect()
+    assert backend.coalescers is not None and backend.coalescers.loops_alive() == 0

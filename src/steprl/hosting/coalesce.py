@@ -355,6 +355,11 @@ class Coalescers:
                 found = per_url[key] = Coalescer(url, dict(headers), counter=self.counter, **self.options)
             return found
 
+    def loops_alive(self) -> int:
+        """Event loops that still have a coalescer here (a closed loop's goes with it)."""
+        with self._lock:
+            return len(self._by_loop)
+
     @property
     def batches_sent(self) -> int:
         return self.counter.batches_sent
