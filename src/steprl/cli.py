@@ -112,13 +112,12 @@ app.command("serve-env")(serve_env)
 
 
 def main() -> None:
-    """The `steprl` command: a feature asked for without its extra, or an env that lacks an `Env`
-    member, is one line, not a traceback."""
-    from steprl.envs.base import IncompleteEnv
-    from steprl.extras import MissingExtra
+    """The `steprl` command: a `UserError` (a missing extra, a plugin that does not import, a bad
+    task row, ...) is one line and exit code 2, not a traceback."""
+    from steprl.errors import UserError
 
     try:
         app(sys.argv[1:])
-    except (MissingExtra, IncompleteEnv) as err:
+    except UserError as err:
         console.print(str(err), style="red", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(2) from None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from steprl.errors import UserError
+
 #: extra name -> the top-level modules it provides (kept equal to pyproject.toml's extras by a test).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "serve": ("fastapi", "uvicorn", "httpx"),
@@ -24,7 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 
-class MissingExtra(ImportError):
+class MissingExtra(UserError, ImportError):
     """A feature was asked for whose optional dependency is not installed."""
 
 

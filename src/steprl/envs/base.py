@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
+from steprl.errors import UserError
 from steprl.types import Task
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -81,7 +82,7 @@ class Env(Protocol):
     def close(self) -> None | Awaitable[None]: ...
 
 
-class IncompleteEnv(TypeError):
+class IncompleteEnv(UserError, TypeError):
     """An env factory built an object that lacks a member of `Env` (found before any episode)."""
 
 

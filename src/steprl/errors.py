@@ -1,0 +1,14 @@
+"""`UserError`: a problem with what the user gave us, reported by the CLI as one line (exit 2).
+
+A bad config key, a plugin that does not import, an import path to something that is not an
+`EnvSpec`, a task file with a bad row, an unknown Gymnasium id, an MCP server that dies at
+start-up: each raises a subclass of `UserError` whose message names the input (the key, the
+path, the row) and what to do. `steprl.cli.main` prints it without a traceback. Any other
+exception is a bug, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """The user's input is wrong; the message (one line) says which input and how to fix it."""
