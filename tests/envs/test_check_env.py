@@ -47,7 +47,7 @@ def test_registry_lookup():
     assert [t.id for t in registry_tasks("calculator", "eval", 0, 3)] == [
         t.id for t in make_tasks("eval", 0, 3)
     ]
-    with pytest.raises(UnknownEnvError, match="registered envs: .*calculator") as info:
+    with pytest.raises(UnknownEnvError, match="known envs: .*calculator") as info:
         get_spec("calculater")
     assert isinstance(info.value, KeyError)
 

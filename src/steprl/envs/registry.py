@@ -1,33 +1,61 @@
-"""The environment registry: one visible dict, `ENVS`, from name to `EnvSpec`.
+"""The environment registry: one visible dict, `ENVS`, from name to `EnvSpec`, and how an
+`env.name` from a config becomes a spec.
 
-Built-in environments are listed explicitly in `_builtin_specs` (the only place the core
-imports `envs/library/*`); users add their own with `register`. Every registered env is run
-through `check_env` in CI (tests/envs/test_check_env.py).
+`env.name` takes one of four forms, tried in this order (`get_spec`):
+
+1. a registered name: a built-in (`_builtin_specs`, the only place the core imports
+   `envs/library/*`) or one added with `register`, e.g. by a `--plugin` module;
+2. a family, whose spec is built from the env's params (`FAMILIES`): ``gym`` (any Gymnasium
+   id) and ``mcp`` (any MCP server);
+3. an import path, ``package.module:attr``, where attr is an `EnvSpec` or a zero-argument
+   function returning one;
+4. a name that an installed package registers in the ``steprl.envs`` entry-point group
+   (``[project.entry-points."steprl.envs"] my_env = "my_pkg.envs:SPEC"``).
+
+Every process that builds envs (the trainer, an HTTP env server, a Ray worker) resolves names
+the same way, after importing the run's plugins (`load_plugins`). A plugin that fails to
+import, or a path to something that is not a spec, is one line (`EnvLoadError`, a `UserError`).
+Every built-in env is run through `check_env` in CI (tests/envs/test_check_env.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+import importlib.metadata
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
 from steprl.envs.base import Env
 from steprl.envs.spec import EnvSpec, TaskFactory
+from steprl.errors import UserError
 from steprl.types import Task
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ENVS",
+    "FAMILIES",
+    "EnvLoadError",
     "EnvSpec",
     "TaskFactory",
     "UnknownEnvError",
     "get_spec",
+    "load_plugins",
     "make_env",
     "make_tasks",
     "register",
 ]
 
+#: The entry-point group where installed packages name their envs.
+ENTRY_POINT_GROUP = "steprl.envs"
 
-class UnknownEnvError(KeyError):
+
+class EnvLoadError(UserError):
+    """An env name, plugin or import path that does not give an `EnvSpec` (one line: what and why)."""
+
+
+class UnknownEnvError(EnvLoadError, KeyError):
     """An env name that is not registered (a KeyError whose message lists the known names)."""
 
     def __str__(self) -> str:
@@ -55,32 +83,129 @@ def _builtin_specs() -> dict[str, EnvSpec]:
     }
 
 
+def _gym_family(params: Mapping[str, Any]) -> EnvSpec:
+    from steprl.envs.adapters.gym_yaml import gym_spec  # the gym extra, imported when used
+
+    return gym_spec(params)
+
+
+def _mcp_family(params: Mapping[str, Any]) -> EnvSpec:
+    from steprl.envs.adapters.mcp_yaml import mcp_spec  # the mcp extra, imported when used
+
+    return mcp_spec(params)
+
+
 ENVS: dict[str, EnvSpec] = _builtin_specs()
+
+#: Families: env names whose spec is built from `env.params` (the spec's factory takes the
+#: same params), so a Gymnasium id or an MCP server trains from YAML alone.
+FAMILIES: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {"gym": _gym_family, "mcp": _mcp_family}
+
+_FAMILY_SPECS: dict[str, EnvSpec] = {}  # (family, params) -> its spec, built once per process
 
 
 def register(spec: EnvSpec, *, replace: bool = False) -> EnvSpec:
     """Add `spec` to `ENVS` (refuses to shadow a name unless `replace=True`)."""
-    if spec.name in ENVS and not replace:
+    if (spec.name in ENVS or spec.name in FAMILIES) and not replace:
         raise ValueError(f"env {spec.name!r} is already registered; pick another name or pass replace=True.")
     ENVS[spec.name] = spec
     return spec
 
 
-def get_spec(name: str) -> EnvSpec:
-    """The spec registered as `name`; `UnknownEnvError` (a KeyError) lists the known names."""
+def load_plugins(modules: Sequence[str]) -> None:
+    """Import each module (they call `register`); one that fails is an `EnvLoadError` naming it."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise EnvLoadError(
+                f"plugin {module!r} failed to import: {type(exc).__name__}: {exc}. "
+                "Is its package installed in this environment (pip install -e <your package>)?"
+            ) from None
+
+
+def get_spec(name: str, params: Mapping[str, Any] | None = None) -> EnvSpec:
+    """The spec for `name` in any of the four forms of the module docstring.
+
+    `params` (the config's `env.params`) are needed only by families; `UnknownEnvError` lists
+    the names known here.
+    """
+    spec = ENVS.get(name)
+    if spec is not None:
+        return spec
+    if name in FAMILIES:
+        key = f"{name}:{json.dumps(dict(params or {}), sort_keys=True, default=repr)}"
+        if key not in _FAMILY_SPECS:
+            _FAMILY_SPECS[key] = FAMILIES[name](dict(params or {}))
+        return _FAMILY_SPECS[key]
+    if ":" in name:
+        spec = _from_import_path(name)
+    else:
+        spec = _from_entry_point(name)
+    ENVS[name] = spec  # loaded once per process, under the name it was asked for
+    return spec
+
+
+def _as_spec(obj: object, where: str) -> EnvSpec:
+    """`obj` if it is an `EnvSpec`, else what a zero-argument function `obj` returns."""
+    if isinstance(obj, EnvSpec):
+        return obj
+    if callable(obj) and not isinstance(obj, type):
+        try:
+            made = obj()
+        except Exception as exc:
+            raise EnvLoadError(f"{where}: calling it raised {type(exc).__name__}: {exc}") from None
+        if isinstance(made, EnvSpec):
+            return made
+        raise EnvLoadError(f"{where} returned a {type(made).__name__}, not an EnvSpec")
+    raise EnvLoadError(
+        f"{where} is a {type(obj).__name__}, not an EnvSpec or a zero-argument function returning one"
+    )
+
+
+def _from_import_path(path: str) -> EnvSpec:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise EnvLoadError(f"env {path!r}: an import path looks like package.module:attr")
     try:
-        return ENVS[name]
-    except KeyError:
-        known = ", ".join(sorted(ENVS)) or "(none)"
-        raise UnknownEnvError(
-            f"unknown env {name!r}; registered envs: {known}. Register new ones with "
-            "steprl.envs.registry.register(EnvSpec(...))."
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise EnvLoadError(
+            f"env {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise EnvLoadError(f"env {path!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return _as_spec(obj, f"env {path!r}")
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _from_entry_point(name: str) -> EnvSpec:
+    points = _entry_points()
+    ep = points.get(name)
+    if ep is None:
+        known = ", ".join(sorted({*ENVS, *FAMILIES, *points})) or "(none)"
+        raise UnknownEnvError(
+            f"unknown env {name!r}; known envs: {known}. Give a registered name, a family (gym, mcp), "
+            "an import path package.module:attr, or a name in the 'steprl.envs' entry-point group; "
+            "--plugin MODULE imports a module that registers envs."
+        )
+    where = f"env {name!r} (entry point {ep.value!r} of {ep.dist.name if ep.dist else 'a package'})"
+    try:
+        obj = ep.load()
+    except Exception as exc:
+        raise EnvLoadError(f"{where}: loading it failed: {type(exc).__name__}: {exc}") from None
+    return _as_spec(obj, where)
 
 
 def make_env(name: str, **params: Any) -> Env:
     """A fresh instance of env `name`, built with `params` (the env's constructor kwargs)."""
-    return get_spec(name).factory(**params)
+    return get_spec(name, params).factory(**params)
 
 
 def make_tasks(name: str, split: str, seed: int, n: int | None = None, **params: Any) -> Iterator[Task]:
