@@ -70,10 +70,29 @@ class ModelSection(_Section):
     sft: SFTSection = SFTSection()
 
 
+class TaskFileSection(_Section):
+    """Tasks from a JSONL or Parquet file, one per row (see steprl/envs/task_file.py)."""
+
+    path: str
+    prompt_field: str = "prompt"  # the text the policy sees first
+    id_field: str = "id"  # absent: <file stem>-<row>
+    split_field: str = "split"  # a column of train|eval; absent: a stable hash of the id
+    eval_fraction: float = Field(0.2, gt=0, lt=1)  # share of rows in eval when split by hash
+
+
 class EnvSection(_Section):
-    name: str = "calculator"  # a key of steprl.envs.registry.ENVS
+    """Which env to train on. `name` is a registered name (`steprl check-env --list`), a family
+    (`gym`, `mcp`: the spec is built from `params`), an import path `package.module:attr` (an
+    EnvSpec or a zero-argument function returning one), or a name an installed package declares
+    in the `steprl.envs` entry-point group. See docs/your-own-env.md."""
+
+    name: str = "calculator"
     params: dict[str, Any] = {}  # keyword arguments of the env factory (one env per episode)
     task_params: dict[str, Any] = {}  # keyword arguments of the env's task generator
+    task_file: TaskFileSection | None = None  # tasks from a file instead of the env's generator
+    # modules imported first, by the trainer, the env server and the Ray workers (they register
+    # envs); `--plugin MODULE` on the command line adds to them
+    plugins: list[str] = []
 
 
 class RolloutSection(_Section):
@@ -84,6 +103,10 @@ class RolloutSection(_Section):
     max_turns: int = Field(6, gt=0)
     max_tokens_per_turn: int = Field(40, gt=0)
     max_total_tokens: int = Field(256, gt=0)
+    # what opens the first prompt: "auto" (the tiny model: "none", it learns the protocol from
+    # the demonstrations; other models: "env"), "none", "env" (the env's instructions and tool
+    # list, read after reset), or any other text (used as the system prompt)
+    system_prompt: str = "auto"
     context: Literal["append_only", "keep_last_k", "drop_old_observations"] = "append_only"
     keep_last_k: int = Field(2, ge=0)  # k for keep_last_k / drop_old_observations
     max_batch_size: int = Field(256, gt=0)  # engine batch cap
@@ -202,8 +225,6 @@ class RuntimeSection(_Section):
     backend: Literal["inprocess", "http", "ray"] = "inprocess"
     env_server_url: str | None = None  # http: e.g. http://127.0.0.1:8765 (token from env_token_var)
     env_token_var: str = "STEPRL_ENV_TOKEN"  # environment variable that holds the server's token
-    # http, server started by the trainer: modules it imports first (they register your envs)
-    env_server_plugins: list[str] = []
     env_workers: int = Field(2, gt=0)  # ray: env worker actors
     rollout_workers: int = Field(0, ge=0)  # ray: rollout worker actors (0 = in the trainer)
     max_concurrent_envs: int = Field(256, gt=0)  # EnvPool: live env instances at once

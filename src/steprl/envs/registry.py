@@ -138,10 +138,7 @@ def get_spec(name: str, params: Mapping[str, Any] | None = None) -> EnvSpec:
         if key not in _FAMILY_SPECS:
             _FAMILY_SPECS[key] = FAMILIES[name](dict(params or {}))
         return _FAMILY_SPECS[key]
-    if ":" in name:
-        spec = _from_import_path(name)
-    else:
-        spec = _from_entry_point(name)
+    spec = _from_import_path(name) if ":" in name else _from_entry_point(name)
     ENVS[name] = spec  # loaded once per process, under the name it was asked for
     return spec
 

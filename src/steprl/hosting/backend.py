@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from steprl.envs.base import Env, IncompleteEnv, missing_members
-from steprl.envs.registry import get_spec
+from steprl.envs.registry import get_spec, load_plugins
 from steprl.extras import require_extra
 from steprl.types import Task
 
@@ -36,7 +36,7 @@ class InProcessBackend:
 
     def __init__(self, env: str, params: Mapping[str, Any]) -> None:
         self._name = env
-        self._factory = get_spec(env).factory
+        self._factory = get_spec(env, params).factory
         self._params = dict(params)
 
     def make_env(self, task: Task) -> Env:
@@ -63,35 +63,40 @@ async def _awaited(value: Awaitable[object]) -> None:
     await value
 
 
-def _http(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+def _http(env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[str]) -> EnvBackend:
     require_extra("serve", feature="runtime.backend=http")
     from steprl.hosting.http_backend import HttpEnvBackend
 
-    return HttpEnvBackend.from_runtime(env, params, runtime)
+    return HttpEnvBackend.from_runtime(env, params, runtime, plugins)
 
 
-def _ray(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
+def _ray(env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[str]) -> EnvBackend:
     require_extra("ray", feature="runtime.backend=ray")
     from steprl.hosting.ray_backend import RayEnvBackend
 
-    return RayEnvBackend.from_runtime(env, params, runtime)
+    return RayEnvBackend.from_runtime(env, params, runtime, plugins)
 
 
-#: runtime.backend -> (env name, env params, the config's RuntimeSection) -> EnvBackend.
+#: runtime.backend -> (env name, env params, the config's RuntimeSection, plugin modules) -> EnvBackend.
 #: HTTP and Ray are imported only when picked (ray is heavy to import, and both are extras).
-BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any], EnvBackend]] = {
-    "inprocess": lambda env, params, runtime: InProcessBackend(env, params).probe(),
+BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any, Sequence[str]], EnvBackend]] = {
+    "inprocess": lambda env, params, runtime, plugins: InProcessBackend(env, params).probe(),
     "http": _http,
     "ray": _ray,
 }
 
 
-def make_backend(env: str, params: Mapping[str, Any], runtime: Any) -> EnvBackend:
-    """The backend named by `runtime.backend` (a `steprl.config.RuntimeSection`)."""
+def make_backend(
+    env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[str] = ()
+) -> EnvBackend:
+    """The backend named by `runtime.backend` (a `steprl.config.RuntimeSection`). `plugins` are
+    the modules that register the run's envs: imported here, and by the env server or the Ray
+    workers that the backend starts, so every process resolves `env` the same way."""
+    load_plugins(plugins)
     try:
         build = BACKENDS[runtime.backend]
     except KeyError:
         raise ValueError(
             f"runtime.backend: unknown name {runtime.backend!r}; allowed values: {sorted(BACKENDS)}"
         ) from None
-    return build(env, params, runtime)
+    return build(env, params, runtime, tuple(plugins))

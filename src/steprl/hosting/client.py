@@ -161,7 +161,10 @@ class RemoteEnv:
         body = ResetRequest(task=task_to_wire(task), seed=seed)
         data = await self._request("POST", f"/v1/envs/{self._id}/reset", body.model_dump(), "reset")
         self._seq, self._step_failed = 0, False
-        return observation_from_wire(parse_answer(ObservationMsg, data, "reset"))
+        msg = parse_answer(ObservationMsg, data, "reset")
+        if msg.system_prompt is not None:  # an env may learn its tools at reset (MCP)
+            self.system_prompt = msg.system_prompt
+        return observation_from_wire(msg)
 
     async def step(self, action: str) -> Transition:
         if self._id is None or self._closed:

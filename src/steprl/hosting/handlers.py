@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from steprl.envs.registry import get_spec
+from steprl.errors import UserError
 from steprl.hosting.instances import (
     Instance,
     InstanceState,
@@ -179,8 +180,8 @@ async def do_create(state: ServerState, body: CreateRequest) -> CreateResponse:
 async def _build(state: ServerState, body: CreateRequest) -> CreateResponse:
     """Build the env on a worker thread under the handler deadline."""
     try:
-        spec = get_spec(body.env)
-    except KeyError as err:
+        spec = get_spec(body.env, body.params)
+    except UserError as err:  # unknown name, a plugin path that does not import, bad family params
         raise ServeError(422, "unknown_env", str(err)) from None
     if not state.table.reserve():
         raise busy(state, f"the server holds its maximum of {state.table.max_instances} env instances")
@@ -238,6 +239,8 @@ async def do_reset(state: ServerState, instance_id: str, body: ResetRequest) -> 
             task = task_from_wire(body.task)
             try:
                 obs = observation_to_wire(await call_env(threads, inst.env.reset, task, body.seed))
+                # the system prompt may change at reset (an MCP env learns its tools then)
+                obs = obs.model_copy(update={"system_prompt": str(inst.env.system_prompt)})
             except Overloaded:
                 raise
             except Exception as exc:

@@ -105,9 +105,12 @@ class HttpEnvBackend:
             self.server = None
 
     @classmethod
-    def from_runtime(cls, env: str, params: Mapping[str, Any], runtime: Any) -> HttpEnvBackend:
+    def from_runtime(
+        cls, env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[str] = ()
+    ) -> HttpEnvBackend:
         """From a `steprl.config.RuntimeSection`: `env_server_url` with the token read from the
-        environment variable `env_token_var`, or (url unset) a loopback server for this run."""
+        environment variable `env_token_var`, or (url unset) a loopback server for this run,
+        which imports `plugins` first (a server at a url was started with its own --plugin)."""
         from steprl.hosting.local_server import LocalEnvServer
 
         call_timeout = float(runtime.env_call_timeout_s)
@@ -128,7 +131,7 @@ class HttpEnvBackend:
                 max_instances=int(runtime.max_concurrent_envs),
                 handler_timeout_s=0.8 * call_timeout,
                 auto_restart=True,
-                plugins=tuple(runtime.env_server_plugins),
+                plugins=tuple(plugins),
             ).start()
             url, token = server.url, server.token
         backend = cls(url, token, env, params, call_timeout_s=call_timeout, server=server)

@@ -82,6 +82,8 @@ class ResetRequest(_Wire):
 class ObservationMsg(_Wire):
     text: str
     info: dict[str, Any] = Field(default_factory=dict)
+    # the env's system prompt after this reset: an env may learn its tools only then (MCP)
+    system_prompt: str | None = None
 
 
 class StepRequest(_Wire):

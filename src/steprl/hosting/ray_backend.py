@@ -131,7 +131,8 @@ class RayEnv:
         if self._meta is None:
             created = self._created if self._created is not None else self._call("create")
             self._meta = await self._await("create", created)
-        obs: Observation = await self._await("reset", self._call("reset", task, seed))
+        obs: Observation
+        obs, self._meta = await self._await("reset", self._call("reset", task, seed))
         return obs
 
     async def step(self, action: str) -> Transition:
@@ -227,6 +228,7 @@ class RayEnvBackend:
         cpus_per_worker: float = 0.25,
         start_timeout_s: float = 120.0,
         factory: Callable[..., Env] | None = None,
+        plugins: Sequence[str] = (),
     ) -> None:
         """`factory` overrides the registry lookup of `env` (pass it where the name is not
         registered, e.g. inside another actor). `cpus_per_worker` is what Ray reserves per worker
@@ -237,7 +239,7 @@ class RayEnvBackend:
             raise ValueError(f"runtime.env_workers must be >= 1, got {num_workers}.")
         if call_timeout_s <= 0:
             raise ValueError(f"runtime.env_call_timeout_s must be > 0, got {call_timeout_s}.")
-        resolved = factory if factory is not None else get_spec(env).factory  # before starting Ray
+        resolved = factory if factory is not None else get_spec(env, params).factory  # before starting Ray
         ensure_ray()
         self.env = env
         self.call_timeout_s = call_timeout_s
@@ -246,6 +248,7 @@ class RayEnvBackend:
         self._factory_ref = ray.put(resolved)
         self._params = dict(params)
         self._threads = threads_per_worker
+        self._plugins = tuple(plugins)
         self._options = {
             "num_cpus": cpus_per_worker,
             "max_concurrency": max_calls_per_worker,
@@ -267,7 +270,9 @@ class RayEnvBackend:
         self._await_start(start_timeout_s, cpus_per_worker)
 
     @classmethod
-    def from_runtime(cls, env: str, params: Mapping[str, Any], runtime: Any) -> RayEnvBackend:
+    def from_runtime(
+        cls, env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[str] = ()
+    ) -> RayEnvBackend:
         """From `steprl.config.RuntimeSection`: env_workers, env_call_timeout_s and
         max_concurrent_envs (split evenly over the workers as their concurrent-call cap)."""
         workers = int(runtime.env_workers)
@@ -279,6 +284,7 @@ class RayEnvBackend:
             call_timeout_s=float(runtime.env_call_timeout_s),
             max_calls_per_worker=calls,
             threads_per_worker=min(calls, 32),
+            plugins=plugins,
         )
 
     def make_env(self, task: Task) -> Env:
@@ -327,7 +333,9 @@ class RayEnvBackend:
             ) from None
 
     def _spawn(self) -> Any:
-        return _EnvWorkerActor.options(**self._options).remote(self._factory_ref, self._params, self._threads)
+        return _EnvWorkerActor.options(**self._options).remote(
+            self._factory_ref, self._params, self._threads, self._plugins
+        )
 
     def _calls(self, index: int, generation: int, actor: Any) -> RayCalls:
         per_loop = self._batchers.setdefault(asyncio.get_running_loop(), {})

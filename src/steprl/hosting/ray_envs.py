@@ -17,12 +17,13 @@ import os
 import socket
 import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from steprl.envs.base import Env, EnvTimeout, Observation, Transition
+from steprl.envs.registry import load_plugins
 from steprl.types import Task
 
 
@@ -64,7 +65,14 @@ class EnvWorker:
     instance is dropped (its state may be half-updated); the worker keeps serving.
     """
 
-    def __init__(self, factory: Callable[..., Env], params: Mapping[str, Any], max_threads: int) -> None:
+    def __init__(
+        self,
+        factory: Callable[..., Env],
+        params: Mapping[str, Any],
+        max_threads: int,
+        plugins: Sequence[str] = (),
+    ) -> None:
+        load_plugins(plugins)  # what the run's plugin modules register, as in the trainer
         self._factory = factory
         self._params = dict(params)
         self._envs: dict[str, Env] = {}
@@ -127,8 +135,16 @@ class EnvWorker:
         self._envs[instance_id] = env
         return EnvMeta(tuple(env.stop_strings), str(env.system_prompt))
 
-    async def reset(self, instance_id: str, task: Task, seed: int) -> Observation | EnvFailure:
-        return await self._call(instance_id, "reset", task, seed)
+    async def reset(
+        self, instance_id: str, task: Task, seed: int
+    ) -> tuple[Observation, EnvMeta] | EnvFailure:
+        """The first observation and the env's meta after it: an env may learn its tools (hence
+        its system prompt) only at reset, as the MCP adapter does."""
+        result = await self._call(instance_id, "reset", task, seed)
+        env = self._envs.get(instance_id)
+        if isinstance(result, EnvFailure) or env is None:
+            return result
+        return result, EnvMeta(tuple(env.stop_strings), str(env.system_prompt))
 
     async def step(self, instance_id: str, action: str) -> Transition | EnvFailure:
         return await self._call(instance_id, "step", action)

@@ -27,16 +27,23 @@ class PromptFormat(Protocol):
         ...
 
 
-class PlainFormat:
-    """`BOS + task text + newline`, then raw actions and observations: the tiny model's format.
+#: `rollout.system_prompt` values with a meaning; any other string is the system prompt itself.
+SYSTEM_PROMPT_MODES = ("none", "env")
 
-    `include_system_prompt=False` (default for the tiny model) leaves the env's instructions out
-    of the context: a char-level model learns the protocol from demonstrations instead.
+
+class PlainFormat:
+    """`BOS + [system prompt + newline] + task text + newline`, then raw actions and
+    observations: the tiny model's format.
+
+    `system_prompt` says what opens the first prompt: ``"none"`` (the tiny model's default: a
+    char-level model learns the protocol from demonstrations, and the instructions would only
+    lengthen every sequence), ``"env"`` (the env's own `system_prompt`, read after `reset`, so
+    it lists the tools an MCP server announced), or any other text (used as is).
     """
 
-    def __init__(self, tokenizer: Any, *, include_system_prompt: bool = False) -> None:
+    def __init__(self, tokenizer: Any, *, system_prompt: str = "none") -> None:
         self.tokenizer = tokenizer
-        self.include_system_prompt = include_system_prompt
+        self.system_prompt = system_prompt
         self.eos_token_id: int = tokenizer.eos_token_id
         self.bos_token_id: int = tokenizer.bos_token_id
 
@@ -44,7 +51,8 @@ class PlainFormat:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def initial_ids(self, system_prompt: str, observation: str) -> tuple[int, ...]:
-        text = f"{system_prompt}\n{observation}\n" if self.include_system_prompt else f"{observation}\n"
+        instructions = {"none": "", "env": system_prompt}.get(self.system_prompt, self.system_prompt)
+        text = f"{instructions}\n{observation}\n" if instructions else f"{observation}\n"
         return (self.bos_token_id, *self._encode(text))
 
     def observation_ids(self, text: str) -> tuple[int, ...]:

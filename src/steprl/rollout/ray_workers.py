@@ -31,7 +31,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayError
 
 from steprl.envs.base import Env
-from steprl.envs.registry import get_spec
+from steprl.envs.registry import get_spec, load_plugins
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
@@ -55,6 +55,7 @@ class WorkerEnvs:
     placement: Literal["inprocess", "ray"] = "inprocess"
     env_workers: int = 1  # per rollout worker, placement "ray" only
     call_timeout_s: float = 30.0  # placement "ray" only
+    plugins: tuple[str, ...] = ()  # modules that register the run's envs, imported by each worker
 
 
 class RolloutWorker:
@@ -77,6 +78,7 @@ class RolloutWorker:
         torch_threads: int,
     ) -> None:
         torch.set_num_threads(torch_threads)
+        load_plugins(envs.plugins)
         self.engine = HFEngine(
             model,
             eos_token_id=fmt.eos_token_id,
@@ -95,6 +97,7 @@ class RolloutWorker:
                 num_workers=envs.env_workers,
                 call_timeout_s=envs.call_timeout_s,
                 factory=factory,
+                plugins=envs.plugins,
             )
             make_env = self._backend.make_env
         self.setup = RolloutSetup(make_env, self.engine, fmt, rule, sampling, budgets)
@@ -142,7 +145,7 @@ class RayRolloutPool:
         killed and replaced, its share `infra_failed` (None: no deadline beyond the env's)."""
         if num_workers < 1:
             raise ValueError(f"runtime.rollout_workers must be >= 1 for a RayRolloutPool, got {num_workers}.")
-        factory = get_spec(envs.name).factory  # resolved here: the workers' registry lacks run-time envs
+        factory = get_spec(envs.name, envs.params).factory  # resolved here, then shipped to the workers
         ensure_ray()
         self.num_workers = num_workers
         self.rollout_timeout_s = rollout_timeout_s

@@ -1,4 +1,5 @@
-"""Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`)."""
+"""Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`): the env, tasks, backend
+and prompt format come from the checkpoint's config, as in training (`env_setup`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steprl.config import Config
-from steprl.envs.registry import get_spec
-from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
+from steprl.training import env_setup
 from steprl.training.evaluate import evaluate
 
 
@@ -23,7 +23,7 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    spec = get_spec(cfg.env.name)
+    spec = env_setup.env_spec(cfg)
     engine = HFEngine(
         model,
         eos_token_id=tokenizer.eos_token_id,
@@ -32,13 +32,16 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
         seed=cfg.run.seed,
     )
     eval_tasks = list(islice(spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), tasks))
-    setup = RolloutSetup(
-        make_env=lambda t: spec.factory(**cfg.env.params),
-        engine=engine,
-        fmt=PlainFormat(tokenizer),
-        rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
-        sampling=SamplingParams(temperature=temperature),
-        budgets=Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens),
-    )
-    metrics, _ = evaluate(eval_tasks, setup, seed=777)
+    with env_setup.env_pool(cfg) as envs:
+        setup = RolloutSetup(
+            make_env=envs.make_env,
+            engine=engine,
+            fmt=env_setup.prompt_format(cfg, tokenizer),
+            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
+            sampling=SamplingParams(temperature=temperature),
+            budgets=Budgets(
+                cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens
+            ),
+        )
+        metrics, _ = evaluate(eval_tasks, setup, seed=777)
     return metrics

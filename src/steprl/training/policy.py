@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,13 +16,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steprl.config import Config
-from steprl.envs.registry import get_spec
+from steprl.envs.base import Env
 from steprl.models import tiny
-from steprl.rollout.chat import PlainFormat
+from steprl.training import env_setup as setup
 from steprl.training import sft
+from steprl.types import Task
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
-SFT_RECIPE_VERSION = 2
+SFT_RECIPE_VERSION = 3  # 3: demonstrations played by the agent loop
 
 
 @dataclass
@@ -38,15 +40,21 @@ def sft_cache_dir(cfg: Config) -> Path:
             "tiny": cfg.model.tiny.model_dump(),
             "sft": cfg.model.sft.model_dump(),
             "env": cfg.env.model_dump(),
+            "system_prompt": setup.system_prompt_mode(cfg),  # part of every demonstration's tokens
             "seed": cfg.run.seed,
         },
         sort_keys=True,
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(cfg.model.cache_dir) / f"tiny-{cfg.env.name}-{digest}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name)  # an import path or a family id
+    return Path(cfg.model.cache_dir) / f"tiny-{name}-{digest}"
 
 
-def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
+def load_policy(
+    cfg: Config, log: Callable[[str], None] = print, make_env: Callable[[Task], Env] | None = None
+) -> Policy:
+    """The policy `model.name` and `model.init` ask for. A fresh SFT warm start plays its
+    demonstrations on envs from `make_env` (the run's env pool: any backend)."""
     if cfg.model.name != "tiny":
         path = Path(cfg.model.name)
         if not path.exists():
@@ -76,19 +84,11 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
         return Policy(model, tokenizer, "random init")
 
     s = cfg.model.sft
-    env_spec = get_spec(cfg.env.name)
-    fmt = PlainFormat(tokenizer)
+    if make_env is None:
+        raise ValueError("the SFT warm start plays demonstrations: pass make_env (an EnvPool's make_env)")
+    env_spec = setup.env_spec(cfg)
+    fmt = setup.prompt_format(cfg, tokenizer)
     tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
-
-    def demos(weights: dict[str, float], seed: int) -> list[sft.Demo]:
-        return sft.make_demos(
-            make_env=lambda task: env_spec.factory(**cfg.env.params),
-            tasks=tasks,
-            strategies=env_spec.strategies,
-            weights=weights,
-            fmt=fmt,
-            seed=seed,
-        )
 
     log(f"SFT warm start of the tiny policy {asdict(spec)}")
     for phase, weights, steps, lr in (
@@ -98,7 +98,16 @@ def load_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
         if steps == 0:
             continue
         t0 = time.perf_counter()
-        phase_demos = demos(weights, s.seed + len(phase))
+        phase_demos = sft.make_demos(
+            tasks,
+            strategies=env_spec.strategies,
+            weights=weights,
+            make_env=make_env,
+            fmt=fmt,
+            seed=s.seed + len(phase),
+            max_turns=env_spec.max_turns,
+            log=log,
+        )
         log(
             f" phase {phase}: {len(phase_demos)} demonstrations {weights} "
             f"({time.perf_counter() - t0:.1f}s); {steps} steps of {s.batch_size}"

@@ -1,5 +1,8 @@
 """Supervised warm start on demonstrations from an env's scripted strategies.
 
+The demonstrations are played by the agent loop itself (`rollout/demos.py`), so they are
+tokenized exactly as rollouts are and any env the trainer runs (async, MCP, remote) gives them.
+
 The mixture of strategies is configurable (default: expert 30%, guess 70%), so the warm-start
 policy is deliberately imperfect and RL has real headroom. Loss: cross-entropy on the
 demonstrated action tokens only (observations and prompts are masked, as in RL).
@@ -7,25 +10,20 @@ demonstrated action tokens only (observations and prompts are masked, as in RL).
 
 from __future__ import annotations
 
-import inspect
-import random
+import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
 from steprl.envs.base import Env
+from steprl.envs.policy import Policy
 from steprl.rollout.chat import PromptFormat
-from steprl.rollout.views import Sample
+from steprl.rollout.demos import play_demos
+from steprl.rollout.views import Sample, packed_view
 from steprl.training.batching import collate, token_logprobs
-from steprl.types import Task
-
-T = TypeVar("T")
-
-#: (task, history of (action, observation)) -> next action text
-Strategy = Callable[..., str]
+from steprl.types import NOT_TRAINABLE, Task
 
 
 @dataclass(frozen=True)
@@ -35,54 +33,50 @@ class Demo:
     outcome_reward: float
 
 
-def _sync(value: T | Awaitable[T]) -> T:
-    if inspect.isawaitable(value):
-        raise TypeError("SFT demonstrations need a synchronous env (reset/step returned an awaitable)")
-    return value
-
-
 def make_demos(
-    *,
-    make_env: Callable[[Task], Env],
     tasks: Sequence[Task],
-    strategies: Mapping[str, Strategy],
+    *,
+    strategies: Mapping[str, Policy],
     weights: Mapping[str, float],
+    make_env: Callable[[Task], Env],
     fmt: PromptFormat,
     seed: int,
-    max_turns: int = 8,
+    max_turns: int,
+    log: Callable[[str], None] = print,
 ) -> list[Demo]:
-    """Roll each task once with a strategy drawn by weight; tokenize actions and observations once."""
-    unknown = sorted(set(weights) - set(strategies))
-    if unknown:
-        raise ValueError(f"sft.strategies names {unknown}; this env offers: {sorted(strategies)}")
-    rng = random.Random(seed)
-    names = sorted(weights)
-    probs = [weights[n] for n in names]
-    demos = []
-    for task in tasks:
-        name = rng.choices(names, probs)[0]
-        env = make_env(task)
-        first = _sync(env.reset(task, seed))
-        ids = list(fmt.initial_ids(env.system_prompt, first.text))
-        mask = [0] * len(ids)
-        history: list[tuple[str, str]] = []
-        reward = 0.0
-        for _ in range(max_turns):
-            action = strategies[name](task, history, rng)
-            tr = _sync(env.step(action))
-            a_ids = fmt.observation_ids(action)  # demo actions are text: encode them once
-            ids += a_ids
-            mask += [1] * len(a_ids)
-            reward += tr.reward
-            history.append((action, tr.observation))
-            if tr.terminated or tr.truncated:
-                break
-            o_ids = fmt.observation_ids(tr.observation)
-            ids += o_ids
-            mask += [0] * len(o_ids)
-        env.close()
-        demos.append(Demo(name, Sample(tuple(ids), tuple(mask), (0.0,) * len(ids), 0), reward))
-    return demos
+    """Play each task once with a strategy drawn by weight, through the agent loop
+    (`rollout/demos.py`), and keep the trainable transcripts as packed training rows.
+
+    Episodes that fail in the env (`infra_failed`, `env_timeout`) are counted and dropped, as
+    in RL; when every one fails, the first error says why.
+    """
+    played = asyncio.run(
+        play_demos(
+            tasks,
+            strategies=strategies,
+            weights=weights,
+            make_env=make_env,
+            fmt=fmt,
+            seed=seed,
+            max_turns=max_turns,
+        )
+    )
+    kept = [d for d in played if d.trajectory.end not in NOT_TRAINABLE and d.trajectory.steps]
+    failed = [d.trajectory for d in played if d.trajectory.end in NOT_TRAINABLE]
+    if failed:
+        log(
+            f"  {len(failed)} of {len(played)} demonstrations failed in the env "
+            f"(not trained on); the first: {failed[0].info.get('error')}"
+        )
+    if not kept:
+        raise RuntimeError(
+            f"no demonstration could be played ({len(failed)} failed in the env; first error: "
+            f"{failed[0].info.get('error') if failed else 'none'}); run `steprl check-env` on this env."
+        )
+    return [
+        Demo(d.strategy, packed_view(d.trajectory, i), d.trajectory.outcome_reward)
+        for i, d in enumerate(kept)
+    ]
 
 
 def sft_train(

@@ -34,15 +34,13 @@ from steprl.diagnostics import (
     rollout_metrics,
 )
 from steprl.diagnostics.sinks import MetricsSink
-from steprl.envs.registry import get_spec
-from steprl.hosting.backend import make_backend
 from steprl.hosting.pool import EnvPool
-from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import packed_view, per_step_view
+from steprl.training import env_setup
 from steprl.training.advantage_batch import attach, build_advantage_inputs
 from steprl.training.checkpoint import save_checkpoint
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
@@ -72,9 +70,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     """Train per `cfg`. Environments live where `runtime.backend` says (in-process, behind an
     HTTP env server, or in Ray actors); the env pool is closed however the run ends."""
     with contextlib.ExitStack() as cleanup:
-        backend = make_backend(cfg.env.name, cfg.env.params, cfg.runtime)
-        envs = EnvPool(backend, cfg.runtime.max_concurrent_envs)
-        cleanup.callback(envs.close)
+        envs = cleanup.enter_context(env_setup.env_pool(cfg))
         return _train(cfg, envs, cleanup, log)
 
 
@@ -91,11 +87,12 @@ def _train(
     torch.manual_seed(cfg.run.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
-    policy = load_policy(cfg, log)
+    env_spec = env_setup.env_spec(cfg)
+    log(f"environments: {env_spec.name} on the {envs.name} backend, at most {envs.max_concurrent} live")
+    env_setup.check_env_starts(envs, env_spec, cfg)
+    policy = load_policy(cfg, log, envs.make_env)
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
-    env_spec = get_spec(cfg.env.name)
-    log(f"environments: {envs.name} backend, at most {envs.max_concurrent} live instances")
-    fmt = PlainFormat(policy.tokenizer)
+    fmt = env_setup.prompt_format(cfg, policy.tokenizer)
     rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k)
     # append-only context: one packed sequence per trajectory; other rules: one row per step
     to_samples = (lambda t, i: [packed_view(t, i)]) if rule.append_only else per_step_view
@@ -175,7 +172,12 @@ def _train(
             pad_token_id=policy.tokenizer.pad_token_id,
             num_workers=cfg.runtime.rollout_workers,
             envs=WorkerEnvs(
-                cfg.env.name, cfg.env.params, "ray", cfg.runtime.env_workers, cfg.runtime.env_call_timeout_s
+                cfg.env.name,
+                cfg.env.params,
+                "ray",
+                cfg.runtime.env_workers,
+                cfg.runtime.env_call_timeout_s,
+                tuple(cfg.env.plugins),
             ),
             rule=rule,
             sampling=sampling,

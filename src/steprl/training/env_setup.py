@@ -1,0 +1,97 @@
+"""From the config's `env` and `rollout` sections to what train, eval and SFT share: the env
+spec (with tasks from a file when `env.task_file` is set), the env pool over the configured
+backend, the prompt format, and a first reset that turns an env that cannot start into one line.
+
+Train, `steprl eval` and the SFT warm start all call these, so they see the same env, the
+same tasks and the same first prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+from steprl.config import Config
+from steprl.envs.base import maybe_await
+from steprl.envs.registry import EnvSpec, get_spec, load_plugins
+from steprl.errors import UserError
+from steprl.hosting.backend import make_backend
+from steprl.hosting.pool import EnvPool
+from steprl.rollout.chat import PlainFormat
+
+
+class EnvStartError(UserError):
+    """The env failed its first reset (e.g. an MCP server that exits at start-up)."""
+
+
+def env_spec(cfg: Config) -> EnvSpec:
+    """The spec `env.name` resolves to (after importing `env.plugins`), tasks from `env.task_file`."""
+    load_plugins(cfg.env.plugins)
+    spec = get_spec(cfg.env.name, cfg.env.params)
+    tf = cfg.env.task_file
+    if tf is not None:
+        from steprl.envs.task_file import TaskFile, with_task_file
+
+        spec = with_task_file(
+            spec,
+            TaskFile(
+                path=tf.path,
+                prompt_field=tf.prompt_field,
+                id_field=tf.id_field,
+                split_field=tf.split_field,
+                eval_fraction=tf.eval_fraction,
+            ),
+        )
+    return spec
+
+
+@contextlib.contextmanager
+def env_pool(cfg: Config) -> Iterator[EnvPool]:
+    """The env pool over `runtime.backend`, closed however the block ends."""
+    backend = make_backend(cfg.env.name, cfg.env.params, cfg.runtime, tuple(cfg.env.plugins))
+    envs = EnvPool(backend, cfg.runtime.max_concurrent_envs)
+    try:
+        yield envs
+    finally:
+        envs.close()
+
+
+def system_prompt_mode(cfg: Config) -> str:
+    """`rollout.system_prompt` with "auto" resolved: "none" for the tiny model, else "env"."""
+    mode = cfg.rollout.system_prompt
+    if mode == "auto":
+        return "none" if cfg.model.name == "tiny" else "env"
+    return mode
+
+
+def prompt_format(cfg: Config, tokenizer: Any) -> PlainFormat:
+    return PlainFormat(tokenizer, system_prompt=system_prompt_mode(cfg))
+
+
+def check_env_starts(envs: EnvPool, spec: EnvSpec, cfg: Config) -> None:
+    """Reset one env on the first train task and close it: an env that cannot start (a server
+    that exits, a bad command) is one line here, not an `infra_failed` on every episode."""
+    task = next(iter(islice(spec.tasks("train", cfg.run.seed, **cfg.env.task_params), 1)), None)
+    if task is None:
+        raise EnvStartError(
+            f"env {cfg.env.name!r} has no train tasks; check env.task_params or env.task_file"
+        )
+
+    async def first_reset() -> None:
+        env = envs.make_env(task)
+        try:
+            await maybe_await(env.reset(task, task.seed))
+        finally:
+            await maybe_await(env.close())
+
+    try:
+        asyncio.run(first_reset())
+    except UserError:
+        raise
+    except Exception as exc:
+        raise EnvStartError(
+            f"env {cfg.env.name!r} failed its first reset (task {task.id!r}): {type(exc).__name__}: {exc}"
+        ) from None
