@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -112,11 +114,21 @@ def register(spec: EnvSpec, *, replace: bool = False) -> EnvSpec:
     return spec
 
 
+def _import(module: str) -> Any:
+    """`importlib.import_module`, also finding modules in the working directory (as `python -m`
+    and uvicorn do; the `steprl` script's own sys.path lacks it). Appended: never shadows."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    return importlib.import_module(module)
+
+
 def load_plugins(modules: Sequence[str]) -> None:
-    """Import each module (they call `register`); one that fails is an `EnvLoadError` naming it."""
+    """Import each module (they call `register`); one that fails is an `EnvLoadError` naming it.
+    Modules in the working directory are found too."""
     for module in modules:
         try:
-            importlib.import_module(module)
+            _import(module)
         except Exception as exc:
             raise EnvLoadError(
                 f"plugin {module!r} failed to import: {type(exc).__name__}: {exc}. "
@@ -165,7 +177,7 @@ def _from_import_path(path: str) -> EnvSpec:
     if not module_name or not attr:
         raise EnvLoadError(f"env {path!r}: an import path looks like package.module:attr")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except Exception as exc:
         raise EnvLoadError(
             f"env {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"

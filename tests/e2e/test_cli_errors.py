@@ -1,0 +1,96 @@
+"""Bad input from the command line: one clear line, exit code 2, no traceback (issue 11).
+
+Each case runs the real `steprl` entry point in a subprocess on a config that is wrong in one
+way, and checks the exit code, that stderr/stdout hold no traceback, and that the message
+names the input that is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+STEPRL = str(Path(sys.executable).parent / "steprl")
+
+pytestmark = pytest.mark.e2e
+
+
+def _run(tmp_path: Path, env: dict[str, object], *extra: str, command: str = "train") -> tuple[int, str]:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(yaml.safe_dump({"env": env, "logging": {"tensorboard": False, "progress": False}}))
+    done = subprocess.run(
+        [STEPRL, command, str(cfg), *extra],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "400"},  # rich wraps at the terminal width
+        check=False,
+    )
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def _one_line(rc: int, out: str, *needles: str) -> None:
+    assert rc == 2, out
+    assert "Traceback" not in out, out
+    assert len(out.splitlines()) == 1, out
+    for needle in needles:
+        assert needle in out, out
+
+
+def test_a_plugin_that_fails_to_import(tmp_path: Path) -> None:
+    rc, out = _run(tmp_path, {"name": "calculator"}, "--plugin", "no_such_plugin_module")
+    _one_line(rc, out, "plugin 'no_such_plugin_module' failed to import", "ModuleNotFoundError")
+
+
+def test_a_plugin_that_raises_on_import(tmp_path: Path) -> None:
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('the plugin is broken')\n")
+    rc, out = _run(tmp_path, {"name": "calculator", "plugins": ["broken_plugin"]})
+    _one_line(rc, out, "plugin 'broken_plugin'", "the plugin is broken")
+
+
+def test_an_import_path_to_a_non_spec(tmp_path: Path) -> None:
+    rc, out = _run(tmp_path, {"name": "steprl.envs.registry:ENTRY_POINT_GROUP"})
+    _one_line(rc, out, "steprl.envs.registry:ENTRY_POINT_GROUP", "is a str, not an EnvSpec")
+
+
+def test_an_import_path_to_a_missing_module(tmp_path: Path) -> None:
+    rc, out = _run(tmp_path, {"name": "no_such_pkg.envs:SPEC"})
+    _one_line(rc, out, "no_such_pkg.envs:SPEC", "ModuleNotFoundError")
+
+
+def test_an_unknown_env_name(tmp_path: Path) -> None:
+    rc, out = _run(tmp_path, {"name": "calculater"})
+    _one_line(rc, out, "unknown env 'calculater'", "calculator")
+
+
+def test_a_gymnasium_id_that_does_not_exist(tmp_path: Path) -> None:
+    rc, out = _run(tmp_path, {"name": "gym", "params": {"id": "NoSuchEnv-v0"}})
+    _one_line(rc, out, "NoSuchEnv")
+
+
+def test_a_task_file_with_a_bad_row(tmp_path: Path) -> None:
+    rows = tmp_path / "tasks.jsonl"
+    rows.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 3, "answer": "4"}\n')
+    rc, out = _run(tmp_path, {"name": "calculator", "task_file": {"path": str(rows)}})
+    _one_line(rc, out, "tasks.jsonl", "2", "prompt")
+
+
+def test_an_mcp_server_that_exits_at_start(tmp_path: Path) -> None:
+    crash = "import sys; sys.stderr.write('boom: no such flag --frobnicate\\n'); sys.exit(3)"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "what time is it?", "answer": "12:00"}\n' * 1)
+    rc, out = _run(
+        tmp_path,
+        {
+            "name": "mcp",
+            "params": {"command": sys.executable, "args": ["-c", crash]},
+            "task_file": {"path": str(tasks), "eval_fraction": 0.5},
+        },
+    )
+    _one_line(rc, out, "boom: no such flag --frobnicate")
