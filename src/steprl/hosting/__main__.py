@@ -6,14 +6,16 @@ import sys
 
 import typer
 
-from steprl.extras import MissingExtra
+from steprl.errors import UserError
 from steprl.hosting.command import serve_env
 
 
 def main() -> None:
     try:
         typer.run(serve_env)
-    except MissingExtra as err:  # one line, as `steprl serve-env` prints it
+    except (
+        UserError
+    ) as err:  # a missing extra, a plugin that does not import: one line, as `steprl` prints it
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import signal
@@ -44,6 +43,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from steprl.envs.registry import load_plugins
 from steprl.hosting import security
 from steprl.hosting.batch import StreamedBatch, run_batch_list
 from steprl.hosting.handlers import (
@@ -240,8 +240,7 @@ def serve(settings: Settings, plugins: Sequence[str] = (), *, exit_with_parent: 
     """
     import uvicorn
 
-    for module in plugins:
-        importlib.import_module(module)
+    load_plugins(plugins)  # as the trainer does (a failure is one line: `steprl serve-env` exits 2)
     server = uvicorn.Server(uvicorn_config(settings))
     signal.signal(signal.SIGTERM, _exit_cleanly)
     if exit_with_parent is not None:
