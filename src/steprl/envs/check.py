@@ -1,19 +1,25 @@
 """`check_env`: the conformance checker every registered environment must pass (in CI).
 
-Like Gymnasium's ``env_checker`` and dm_env's ``EnvironmentTestMixin``, but for text agents:
+Like Gymnasium's ``env_checker`` and dm_env's ``EnvironmentTestMixin``, but for text agents.
+Each check has a name (`CHECKS`); the report lists those that ran as specified (`ran`) and
+those the spec's declared rules relaxed, with why (`relaxed`; see `EnvSpec`):
 
-1. API and types: the env has every `Env` member the core reads (`system_prompt`, a str;
+1. ``api``: the env has every `Env` member the core reads (`system_prompt`, a str;
    `stop_strings`, a sequence of non-empty strings, possibly empty; `reset`, `step`, `close`);
    `reset` returns an `Observation`, `step` a `Transition` whose reward is a finite number equal
    to the sum of ``info["reward_components"]``. Sync and async methods are both accepted.
-2. Determinism: the task stream is a pure function of (split, seed); the same task, seed and
-   actions give the same observations and rewards (replayed in a fresh instance); train and
-   eval splits share no prompt on a sample.
-3. Robustness: malformed actions give an error observation, never an exception; the
-   "random" policy (and every other strategy) runs without exceptions.
-4. Solvability: the "expert" policy gets outcome reward 1 on every sampled task within
-   `EnvSpec.max_turns` steps.
-5. `close()` can be called twice.
+2. ``tasks``: the task stream is a pure function of (split, seed), of `Task` records whose
+   ``env`` is the spec's name. Always checked.
+3. ``split``: train and eval share no prompt on a sample; with ``split_by="seed"`` (a fixed
+   start state) they share no task seed instead.
+4. ``replay``: the same task, seed and actions give the same observations and rewards
+   (replayed in a fresh instance); skipped for ``replayable=False``, with the spec's reason.
+5. ``robustness``: malformed actions give an error observation, never an exception.
+6. ``solvability``: the "expert" policy gets outcome reward 1 on every sampled task within
+   `EnvSpec.max_turns` steps; for a `stochastic` env, or ``min_expert_success < 1``, on at
+   least that share of tasks x `expert_seeds` episodes (seeds derived from the task seed).
+7. ``strategies``: the "random" policy (and every other strategy) runs without exceptions.
+8. ``close``: `close()` can be called twice.
 
 The first failure raises `EnvCheckError`, saying what is wrong and how to fix it.
 """
@@ -38,13 +44,21 @@ from steprl.types import Task
 MALFORMED_ACTIONS = ("", "\x00\ud800 not an action", "<" * 1000 + ">" * 1000)
 
 
+#: The checks, in the order they run (see the module docstring).
+CHECKS = ("api", "tasks", "split", "replay", "robustness", "solvability", "strategies", "close")
+
+
 class EnvCheckError(Exception):
     """An environment broke the `Env` contract; the message says what and how to fix it."""
 
 
 @dataclass(frozen=True)
 class EnvCheckReport:
-    """What `check_env` measured (only returned when every check passed)."""
+    """What `check_env` measured (only returned when every check passed).
+
+    `ran` names the checks that ran as specified; `relaxed` maps the others to why the spec's
+    declared rules relaxed them (e.g. ``"replay": "not replayable: reads the wall clock"``).
+    """
 
     name: str
     n_tasks: int
@@ -54,11 +68,29 @@ class EnvCheckReport:
     mean_expert_tool_calls: float
     mean_expert_turns: float
     strategy_success: Mapping[str, float] = field(default_factory=dict)
+    ran: tuple[str, ...] = ()
+    relaxed: Mapping[str, str] = field(default_factory=dict)
+    expert_episodes: int = 0
+
+    def summary(self) -> str:
+        """A short human report: the checks that ran, those relaxed and why, the success rates."""
+        lines = [f"check_env {self.name!r}: passed on {self.n_tasks} tasks (seed {self.seed})"]
+        lines.append("  ran: " + (", ".join(self.ran) or "(none)"))
+        for check, why in self.relaxed.items():
+            lines.append(f"  relaxed {check}: {why}")
+        rates = ", ".join(f"{name} {rate:.2f}" for name, rate in sorted(self.strategy_success.items()))
+        lines.append(f"  success: {rates}")
+        lines.append(
+            f"  expert: {self.expert_episodes} episodes, {self.mean_expert_turns:.1f} turns and "
+            f"{self.mean_expert_tool_calls:.1f} tool calls per episode"
+        )
+        return "\n".join(lines)
 
 
 @dataclass
 class _Episode:
     task: Task
+    seed: int
     first: str
     actions: list[str]
     transitions: list[Transition]
@@ -121,13 +153,17 @@ async def acheck_spec(
     if n_tasks < 1:
         raise ValueError(f"n_tasks must be >= 1, got {n_tasks}.")
     name, env_kw, task_kw = spec.name, dict(env_params or {}), dict(task_params or {})
-    tasks = _check_tasks(spec, n_tasks, seed, task_kw)
+    relaxed: dict[str, str] = {}
+    tasks = _check_tasks(spec, n_tasks, seed, task_kw, relaxed)
 
     env = _make(spec, env_kw)
     replay_env = _make(spec, env_kw)
+    exact = not spec.stochastic and spec.min_expert_success >= 1.0
+    per_task = 1 if exact else spec.expert_seeds
     experts = [
-        await _episode(spec, env, task, spec.strategies["expert"], random.Random(seed + i), "expert")
+        await _episode(spec, env, task, spec.strategies["expert"], _policy_rng(seed, i, k), "expert", s)
         for i, task in enumerate(tasks)
+        for k, s in enumerate(episode_seeds(task.seed, per_task))
     ]
     for episode in experts:
         if "outcome" not in episode.transitions[-1].info["reward_components"]:
@@ -136,7 +172,7 @@ async def acheck_spec(
                 f"the last step of task {episode.task.id!r} has no 'outcome' reward component; "
                 "report the verifier's score as reward_components['outcome'].",
             )
-        if not episode.ended or not math.isclose(episode.outcome, 1.0):
+        if exact and not _solved(episode):
             _fail(
                 name,
                 f"the expert did not solve task {episode.task.id!r} ({episode.task.prompt[:80]!r}) "
@@ -144,27 +180,34 @@ async def acheck_spec(
                 f"actions={episode.actions}. Fix the expert, the verifier, or raise "
                 "EnvSpec.max_turns.",
             )
-        replay = await _replay(spec, replay_env, episode)
-        if replay.first != episode.first or replay.trace() != episode.trace():
-            _fail(
-                name,
-                f"replaying task {episode.task.id!r} with the same seed and actions gave different "
-                "observations or rewards; draw all randomness from the seed passed to reset().",
-            )
+    expert_rate = sum(map(_solved, experts)) / len(experts)
+    if not exact:
+        _check_expert_rate(spec, experts, expert_rate, len(tasks), per_task, relaxed)
+
+    if spec.replayable:
+        for episode in experts:
+            replay = await _replay(spec, replay_env, episode)
+            if replay.first != episode.first or replay.trace() != episode.trace():
+                _fail(
+                    name,
+                    f"replaying task {episode.task.id!r} with the same seed ({episode.seed}) and actions "
+                    "gave different observations or rewards; draw all randomness from the seed passed "
+                    "to reset(), or declare EnvSpec(replayable=False, not_replayable_because=...).",
+                )
+    else:
+        relaxed["replay"] = f"not replayable: {spec.not_replayable_because.strip()}"
 
     for action in MALFORMED_ACTIONS:
         await _check_malformed(spec, env, tasks[0], action)
 
-    success = {}
+    success = {"expert": expert_rate}
     for strategy, policy in spec.strategies.items():
-        if strategy == "expert":
-            success[strategy] = sum(math.isclose(e.outcome, 1.0) for e in experts) / len(experts)
-            continue
-        episodes = [
-            await _episode(spec, env, task, policy, random.Random(seed + i), strategy)
-            for i, task in enumerate(tasks)
-        ]
-        success[strategy] = sum(e.ended and math.isclose(e.outcome, 1.0) for e in episodes) / len(episodes)
+        if strategy != "expert":
+            episodes = [
+                await _episode(spec, env, task, policy, random.Random(seed + i), strategy, task.seed)
+                for i, task in enumerate(tasks)
+            ]
+            success[strategy] = sum(map(_solved, episodes)) / len(episodes)
 
     for instance in (env, replay_env):
         for attempt in ("first", "second"):
@@ -183,14 +226,50 @@ async def acheck_spec(
         mean_expert_tool_calls=sum(calls) / len(calls),
         mean_expert_turns=sum(len(e.transitions) for e in experts) / len(experts),
         strategy_success=MappingProxyType(success),
+        ran=tuple(c for c in CHECKS if c not in relaxed),
+        relaxed=MappingProxyType(relaxed),
+        expert_episodes=len(experts),
     )
+
+
+def episode_seeds(task_seed: int, count: int) -> list[int]:
+    """The episode seeds the expert is measured on for one task: the task's own seed first, then
+    `count - 1` more derived from it (a pure function, so a failing episode can be rerun)."""
+    return [task_seed] + [random.Random(f"{task_seed}/{k}").randrange(2**31) for k in range(1, count)]
+
+
+def _policy_rng(seed: int, index: int, k: int) -> random.Random:
+    return random.Random(seed + index) if k == 0 else random.Random(f"{seed}/{index}/{k}")
+
+
+def _solved(episode: _Episode) -> bool:
+    return episode.ended and math.isclose(episode.outcome, 1.0)
+
+
+def _check_expert_rate(
+    spec: EnvSpec, experts: list[_Episode], rate: float, n: int, per_task: int, relaxed: dict[str, str]
+) -> None:
+    """The declared success rule for stochastic envs: the expert's share of solved episodes."""
+    where = f"over {n} tasks x {per_task} seeds"
+    if rate + 1e-12 < spec.min_expert_success:
+        bad = next(e for e in experts if not _solved(e))
+        _fail(
+            spec.name,
+            f"the expert solved {rate:.2f} of its episodes {where}, below min_expert_success="
+            f"{spec.min_expert_success:.2f} (e.g. task {bad.task.id!r}, seed {bad.seed}: "
+            f"outcome={bad.outcome}, actions={bad.actions[:12]}). Fix the expert, raise "
+            "EnvSpec.max_turns, or lower min_expert_success to what the env's randomness allows.",
+        )
+    relaxed["solvability"] = f"expert success {rate:.2f} >= {spec.min_expert_success:.2f} {where}"
 
 
 def _fail(name: str, message: str) -> NoReturn:
     raise EnvCheckError(f"env {name!r}: {message}")
 
 
-def _check_tasks(spec: EnvSpec, n: int, seed: int, params: dict[str, Any]) -> list[Task]:
+def _check_tasks(
+    spec: EnvSpec, n: int, seed: int, params: dict[str, Any], relaxed: dict[str, str]
+) -> list[Task]:
     """The sampled train tasks, after checking types, determinism and split disjointness."""
     name = spec.name
 
@@ -221,12 +300,27 @@ def _check_tasks(spec: EnvSpec, n: int, seed: int, params: dict[str, Any]) -> li
     evals = sample("eval", n)
     if not evals:
         _fail(name, "the eval split is empty; the task factory must yield tasks for 'eval'.")
-    overlap = {t.prompt for t in sample("train", max(5 * n, 100))} & {t.prompt for t in evals}
+    many = sample("train", max(5 * n, 100))
+    if spec.split_by == "seed":
+        shared = {t.seed for t in many} & {t.seed for t in evals}
+        if shared:
+            _fail(
+                name,
+                f"train and eval share task seeds such as {min(shared)} (split_by='seed'); draw "
+                "the two splits' seeds from disjoint ranges.",
+            )
+        prompts = len({t.prompt for t in many})
+        relaxed["split"] = (
+            f"by task seed, not prompt ({prompts} distinct prompt(s) in {len(many)} train tasks)"
+        )
+        return train
+    overlap = {t.prompt for t in many} & {t.prompt for t in evals}
     if overlap:
         _fail(
             name,
             f"train and eval share prompts such as {sorted(overlap)[0][:80]!r}; assign each task "
-            "to one split by a stable hash of its content.",
+            "to one split by a stable hash of its content (or, if every start state is the same, "
+            "split by seed: EnvSpec(split_by='seed')).",
         )
     return train
 
@@ -255,9 +349,9 @@ def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
     return env
 
 
-async def _reset(spec: EnvSpec, env: Env, task: Task) -> str:
+async def _reset(spec: EnvSpec, env: Env, task: Task, seed: int) -> str:
     try:
-        first = await maybe_await(env.reset(task, task.seed))
+        first = await maybe_await(env.reset(task, seed))
     except Exception as exc:
         raise EnvCheckError(f"env {spec.name!r}: reset() raised {exc!r} on task {task.id!r}.") from exc
     if not isinstance(first, Observation) or not isinstance(first.text, str):
@@ -311,9 +405,9 @@ def _finite(value: object) -> bool:
 
 
 async def _episode(
-    spec: EnvSpec, env: Env, task: Task, policy: Policy, rng: random.Random, who: str
+    spec: EnvSpec, env: Env, task: Task, policy: Policy, rng: random.Random, who: str, seed: int
 ) -> _Episode:
-    episode = _Episode(task, await _reset(spec, env, task), [], [])
+    episode = _Episode(task, seed, await _reset(spec, env, task, seed), [], [])
     history: list[tuple[str, str]] = []
     for _ in range(spec.max_turns):
         try:
@@ -334,14 +428,15 @@ async def _episode(
 
 
 async def _replay(spec: EnvSpec, env: Env, episode: _Episode) -> _Episode:
-    replay = _Episode(episode.task, await _reset(spec, env, episode.task), list(episode.actions), [])
+    first = await _reset(spec, env, episode.task, episode.seed)
+    replay = _Episode(episode.task, episode.seed, first, list(episode.actions), [])
     for action in episode.actions:
         replay.transitions.append(await _step(spec, env, episode.task, action, "replayed expert"))
     return replay
 
 
 async def _check_malformed(spec: EnvSpec, env: Env, task: Task, action: str) -> None:
-    await _reset(spec, env, task)
+    await _reset(spec, env, task, task.seed)
     t = await _step(spec, env, task, action, "malformed-action")
     if t.info.get("action_kind", "invalid") != "invalid":
         _fail(spec.name, f"malformed action {action[:40]!r} was taken as {t.info.get('action_kind')!r}.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Literal
 
 from steprl.envs.base import Env
 from steprl.envs.policy import Policy
@@ -23,9 +24,23 @@ class EnvSpec:
     """How to build an environment, its tasks, and its scripted policies.
 
     `factory(**env_params)` builds one env instance (one episode at a time).
-    `tasks(split, seed, **task_params)` yields tasks (possibly forever), a pure function of its arguments,
-    with disjoint "train" and "eval" splits. `strategies` must include "expert" (solves every
-    task within `max_turns` steps) and "random" (must never crash the env).
+    `tasks(split, seed, **task_params)` yields tasks (possibly forever), a pure function of its
+    arguments, with disjoint "train" and "eval" splits. `strategies` must include "expert" and
+    "random" (which must never crash the env).
+
+    The rules `check_env` holds the env to (the defaults suit a deterministic, offline env):
+
+    * `stochastic`: the env's own randomness (slippery ice, the dealer's cards) can change the
+      outcome of the same actions, so the expert cannot always win;
+    * `min_expert_success`: the share of episodes the expert must solve within `max_turns`
+      (in (0, 1]); below 1, or when `stochastic`, it is measured over tasks x `expert_seeds`
+      episode seeds instead of once per task;
+    * `replayable`: the same task, seed and actions give the same observations and rewards;
+      an env that cannot promise it (a live service, the wall clock) sets it False and says
+      why in `not_replayable_because`;
+    * `split_by`: how "train" and "eval" are kept disjoint: by prompt text, or ("seed") by
+      disjoint task-seed ranges, for envs whose start state is fixed so that every prompt is
+      the same and only the seed (the env's randomness) varies.
     """
 
     name: str
@@ -34,6 +49,12 @@ class EnvSpec:
     strategies: Mapping[str, Policy]
     max_turns: int = 8
     description: str = ""
+    stochastic: bool = False
+    min_expert_success: float = 1.0
+    expert_seeds: int = 1
+    replayable: bool = True
+    not_replayable_because: str = ""
+    split_by: Literal["prompt", "seed"] = "prompt"
 
     def __post_init__(self) -> None:
         missing = {"expert", "random"} - set(self.strategies)
@@ -44,4 +65,20 @@ class EnvSpec:
             )
         if self.max_turns < 1:
             raise ValueError(f"EnvSpec {self.name!r}: max_turns must be >= 1, got {self.max_turns}.")
+        if not 0.0 < self.min_expert_success <= 1.0:
+            raise ValueError(
+                f"EnvSpec {self.name!r}: min_expert_success must be in (0, 1], got "
+                f"{self.min_expert_success}; it is the share of episodes the expert must solve."
+            )
+        if self.expert_seeds < 1:
+            raise ValueError(f"EnvSpec {self.name!r}: expert_seeds must be >= 1, got {self.expert_seeds}.")
+        if not self.replayable and not self.not_replayable_because.strip():
+            raise ValueError(
+                f"EnvSpec {self.name!r}: replayable=False needs not_replayable_because, e.g. "
+                "'reads the wall clock' (check_env reports it when it skips the replay check)."
+            )
+        if self.split_by not in ("prompt", "seed"):
+            raise ValueError(
+                f"EnvSpec {self.name!r}: split_by must be 'prompt' or 'seed', got {self.split_by!r}."
+            )
         object.__setattr__(self, "strategies", MappingProxyType(dict(self.strategies)))

@@ -4,7 +4,8 @@ A codec is a parser (body text -> env action, raising `ValueError` with a short 
 policy sees) and a formatter (env action -> body text, for scripted policies), plus a short
 description of the expected form for the system prompt. `action_codec` picks the default for
 a space (`DiscreteActions` for ``Discrete``, the text itself for ``Text``) or takes the hooks
-a user passes for any other space.
+a user passes for any other space. ``MultiDiscrete`` actions are integers separated by spaces
+or commas (``1 2`` or ``1,2``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from steprl.extras import require
 
@@ -27,6 +30,7 @@ ActionFormatter = Callable[[Any], str]
 
 MAX_ERROR_CHARS = 160  # error texts are observations: keep them short for small models
 _INTEGER = re.compile(r"-?[0-9]{1,18}")
+_SEPARATORS = re.compile(r"[\s,]+")
 
 
 def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -70,6 +74,37 @@ class DiscreteActions:
         return f"an integer from {self.start} to {self.start + self.n - 1}"
 
 
+class MultiDiscreteActions:
+    """The default action protocol of a one-dimensional ``MultiDiscrete(nvec, start)`` space."""
+
+    def __init__(self, space: spaces.MultiDiscrete) -> None:
+        if len(space.shape) != 1:
+            raise ValueError(
+                f"no default action parser for {space} (more than one dimension); pass action_parser."
+            )
+        self.space = space
+        self.lows = [int(v) for v in space.start]
+        self.highs = [int(lo) + int(n) - 1 for lo, n in zip(space.start, space.nvec, strict=True)]
+
+    def parse(self, text: str) -> Any:
+        body = text.strip().strip("[]()").strip()
+        parts = [p for p in _SEPARATORS.split(body) if p]
+        if len(parts) != len(self.lows) or not all(_INTEGER.fullmatch(p) for p in parts):
+            raise ValueError(f"action {shorten(body, 24)!r} is not {self.describe()}")
+        values = [int(p) for p in parts]
+        for i, (v, lo, hi) in enumerate(zip(values, self.lows, self.highs, strict=True)):
+            if not lo <= v <= hi:
+                raise ValueError(f"value {i + 1} is {v}, outside {lo}..{hi}")
+        return np.array(values, dtype=self.space.dtype)
+
+    def format(self, action: Any) -> str:
+        return " ".join(str(int(v)) for v in action)
+
+    def describe(self) -> str:
+        ranges = ", ".join(f"{lo}..{hi}" for lo, hi in zip(self.lows, self.highs, strict=True))
+        return f"{len(self.lows)} integers separated by spaces (ranges {ranges})"
+
+
 def _text_parser(space: spaces.Text) -> ActionParser:
     def parse(text: str) -> str:
         body = text.strip()
@@ -94,9 +129,13 @@ def action_codec(
         raise ValueError(f"action_names needs a Discrete action space, got {space}; pass action_parser.")
     if isinstance(space, spaces.Text):
         return parser or _text_parser(space), formatter or str, "a text action"
+    if isinstance(space, spaces.MultiDiscrete) and parser is None:
+        multi = MultiDiscreteActions(space)
+        return multi.parse, formatter or multi.format, multi.describe()
     if parser is None:
         raise ValueError(
-            f"no default action parser for {space}; pass action_parser=(text -> action, raising "
-            "ValueError for bad text) and action_formatter=(action -> text)."
+            f"no default action parser for a {type(space).__name__} action space ({space}); pass "
+            "action_parser=(text -> action, raising ValueError for bad text) and "
+            "action_formatter=(action -> text)."
         )
     return parser, formatter or str, f"an action of {space}"

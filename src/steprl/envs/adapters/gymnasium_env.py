@@ -1,21 +1,25 @@
 """`GymnasiumEnv`: any Gymnasium env as a steprl text `Env`, and `make_gym_spec` for its tasks.
 
-The policy sees the rendered observation (the env's own text observation, or `render_obs(obs)`)
-and acts with ``<answer>k</answer>``: for a ``Discrete(n)`` action space `k` is an integer, or
-one of `action_names`; other spaces need an `action_parser` (body text -> env action). The
-two error channels of `base.py` stay apart:
+The policy sees the rendered observation (the env's own text observation, `render(env, obs)`,
+or `render_obs(obs)`) and acts with ``<answer>k</answer>``: for a ``Discrete(n)`` action space
+`k` is an integer, or one of `action_names`; ``MultiDiscrete`` takes integers ("1 2"); other
+spaces need an `action_parser` (body text -> env action). The two error channels of
+`base.py` stay apart:
 
 * a model error (no tag, an unknown action, an action outside the space) is an
   ``<error>reason</error>`` observation with a format penalty, never an exception; after more
   than `max_invalid_actions` of them the episode ends with ``info["policy_error"] = True``;
 * an exception from the Gymnasium env itself (or a renderer) propagates: infrastructure.
 
-Seeding. A task *is* an initial state: `make_gym_spec` makes one task per seed, and
+Seeding. A task *is* an initial state and a seed: `make_gym_spec` makes one task per seed, and
 ``reset(task, seed)`` calls ``env.reset(seed=task.seed)`` so every episode of a GRPO group
 starts from the state shown in the task's prompt. When the episode `seed` differs from
 ``task.seed`` (as in `rollout_groups`), the env's RNG is then reseeded with `seed`, so the
 stochastic dynamics (slippery ice) differ across the group, deterministically. With
-``seed == task.seed`` (as in `check_env`) this is exactly ``env.reset(seed=seed)``.
+``seed == task.seed`` (as in `check_env`) this is exactly ``env.reset(seed=seed)``. Splits are
+kept apart by prompt (a stable hash of the rendered start state), or, for envs whose start
+state is fixed (FrozenLake's map, CliffWalking), by disjoint task-seed ranges (``split_by="seed"``):
+there the env's own randomness is the task variation.
 
 Rewards: ``outcome`` is the env reward (or ``outcome(reward, terminated, truncated)``, e.g.
 `solved_on_termination` for envs whose raw reward is shaping, like Taxi), ``format`` the
@@ -35,16 +39,24 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from steprl.envs.adapters.gym_actions import ActionFormatter, ActionParser, action_codec, shorten
-from steprl.envs.adapters.gym_experts import ExpertFn, ReplayExpert, random_policy_for
+from steprl.envs.adapters.gym_experts import (
+    ExpertFn,
+    ReplayExpert,
+    SyncFn,
+    is_deterministic,
+    random_policy_for,
+    tabular_sync,
+)
+from steprl.envs.adapters.gym_render import Renderer
 from steprl.envs.base import Observation, Transition
 from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
 from steprl.envs.policy import Policy
-from steprl.envs.registry import EnvSpec
+from steprl.envs.spec import EnvSpec
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, cost_component, format_component
 from steprl.extras import require
 from steprl.types import Task
@@ -66,6 +78,7 @@ ObsRenderer = Callable[[Any], str]
 OutcomeFn = Callable[[float, bool, bool], float]
 
 _MAX_REJECTIONS = 10_000  # consecutive seeds outside the split before giving up
+_SEED_SPLIT = 2**30  # split_by="seed": train task seeds below it, eval seeds from it up to 2**31
 _ENV_CACHE = 4  # gym env instances kept per GymnasiumEnv (one per distinct env_kwargs)
 
 
@@ -99,8 +112,10 @@ class GymnasiumEnv:
         env: a registered Gymnasium id (``"FrozenLake-v1"``) or a factory ``(**kwargs) -> gym.Env``.
         env_kwargs: passed to `gym.make` / the factory; a task's ``params["env_kwargs"]`` is
             merged over them (e.g. a per-task map), rebuilding the env when they change.
-        render_obs: raw observation -> text; default: the observation itself, which must be a
-            string (a ``spaces.Text`` observation space).
+        render: (the Gymnasium env, raw observation) -> text, for envs whose state is not all
+            in the observation (FrozenLake's map); see `gym_render` for ready ones.
+        render_obs: raw observation -> text (instead of `render`); default: the observation
+            itself, which must be a string (a ``spaces.Text`` observation space).
         action_names: names of the actions of a ``Discrete`` space, in order; the policy may use
             either the name or the integer.
         action_parser / action_formatter: the action protocol for other spaces (body text ->
@@ -121,6 +136,7 @@ class GymnasiumEnv:
         *,
         env_kwargs: Mapping[str, Any] | None = None,
         render_obs: ObsRenderer | None = None,
+        render: Renderer | None = None,
         action_names: Sequence[str] | None = None,
         action_parser: ActionParser | None = None,
         action_formatter: ActionFormatter | None = None,
@@ -140,12 +156,16 @@ class GymnasiumEnv:
         base = self._gym_env(self.env_kwargs)
         self.action_space = base.action_space
         self.observation_space = base.observation_space
-        if render_obs is None and not isinstance(self.observation_space, spaces.Text):
+        if render is not None and render_obs is not None:
+            raise ValueError("pass render=(env, obs) -> text or render_obs=obs -> text, not both.")
+        if render is None and render_obs is None and not isinstance(self.observation_space, spaces.Text):
             raise ValueError(
                 f"{env!r} has {self.observation_space} observations, not text; pass "
-                "render_obs=lambda obs: ... to turn an observation into the text the policy sees."
+                "render=lambda env, obs: ... (or render_obs=lambda obs: ...) to turn an observation "
+                "into the text the policy sees."
             )
         self.render_obs: ObsRenderer = render_obs if render_obs is not None else _render_text
+        self.render = render
         self.parse_action, self.format_action, describe = action_codec(
             self.action_space, action_names, action_parser, action_formatter
         )
@@ -191,7 +211,7 @@ class GymnasiumEnv:
         obs, _ = env.reset(seed=_seed(task.seed))
         if seed != task.seed:
             env.unwrapped.np_random = seeding.np_random(_seed(seed))[0]
-        self._env, self._done, self._invalid, self._turn = env, False, 0, 0
+        self._env, self._done, self._invalid, self._turn = env, False, 0, 0  # before rendering
         self.raw_obs, self._rendered = obs, self._render(obs)
         return Observation(self._rendered, {"task_id": task.id, "seed": seed, "anchor": self._rendered})
 
@@ -247,10 +267,25 @@ class GymnasiumEnv:
             self._envs.popitem()[1].close()
         self._env, self._done = None, True
 
+    def set_tabular_state(self, state: int, last_action: int | None = None) -> str:
+        """Move a toy-text env (state ``env.unwrapped.s``) to `state` mid-episode; its new rendering.
+
+        For scripted policies only (`gym_experts.tabular_sync`): a replay that slipped elsewhere
+        than the real episode is put back on its path.
+        """
+        if self._env is None:
+            raise RuntimeError("set_tabular_state() needs an episode; call reset(task, seed) first.")
+        inner = self._env.unwrapped
+        inner.s = int(state)  # type: ignore[attr-defined]
+        if last_action is not None and hasattr(inner, "lastaction"):
+            inner.lastaction = int(last_action)
+        self.raw_obs, self._rendered, self._done = int(state), self._render(int(state)), False
+        return self._rendered
+
     def _render(self, obs: Any) -> str:
-        text = self.render_obs(obs)
+        text = self.render(self._env, obs) if self.render is not None else self.render_obs(obs)
         if not isinstance(text, str):
-            raise TypeError(f"render_obs returned {type(text).__name__}; it must return str.")
+            raise TypeError(f"the renderer returned {type(text).__name__}; it must return str.")
         return text
 
     def _invalid_action(self, reason: str) -> Transition:
@@ -334,19 +369,30 @@ def make_gym_spec(
     max_turns: int = 16,
     description: str = "",
     strategies: Mapping[str, Policy] | None = None,
+    split_by: Literal["prompt", "seed"] = "prompt",
+    stochastic: bool = False,
+    min_expert_success: float = 1.0,
+    expert_seeds: int = 1,
     **env_options: Any,
 ) -> EnvSpec:
     """An `EnvSpec` for a Gymnasium env: one task per seed, an expert and a random strategy.
 
     A task's prompt is the rendered initial observation of ``env.reset(seed=task.seed)``
     (with ``task_env_kwargs(task.seed)`` merged into the env kwargs when given, e.g. a random
-    map per task); it goes to "eval" for a stable `eval_fraction` share of prompts, so the
-    splits are disjoint. `expert` maps a raw observation to the action to take (required
-    unless `strategies` has an "expert"). `env_options` are `GymnasiumEnv` keyword arguments;
-    ``factory(**env_params)`` overrides them.
+    map per task). With ``split_by="prompt"`` it goes to "eval" for a stable `eval_fraction`
+    share of prompts; with ``split_by="seed"`` (a fixed start state) train and eval draw task
+    seeds from disjoint ranges. `expert` maps a raw observation to the action to take (required
+    unless `strategies` has an "expert"); for a toy-text env with a transition table and
+    ``Discrete`` observations its replay follows the real episode's slips (`tabular_sync`).
+    `stochastic`, `min_expert_success` and `expert_seeds` are the `EnvSpec` rules `check_env`
+    applies. `env_options` are `GymnasiumEnv` keyword arguments; ``factory(**env_params)``
+    overrides them.
     """
     if not 0.0 < eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}.")
+    if split_by not in ("prompt", "seed"):
+        raise ValueError(f"split_by must be 'prompt' or 'seed', got {split_by!r}.")
+    env_options = {"description": description, **env_options}  # it opens the system prompt too
     template = GymnasiumEnv(env, **env_options)
 
     def factory(**params: Any) -> GymnasiumEnv:
@@ -355,12 +401,12 @@ def make_gym_spec(
     def tasks(split: str, seed: int, n: int | None = None) -> Iterator[Task]:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}.")
-        stream = _task_stream(name, template, split, seed, task_env_kwargs, eval_fraction)
+        stream = _task_stream(name, template, split, seed, task_env_kwargs, eval_fraction, split_by)
         return stream if n is None else islice(stream, n)
 
     policies: dict[str, Policy] = {"random": random_policy_for(template)}
     if expert is not None:
-        policies["expert"] = ReplayExpert(GymnasiumEnv(env, **env_options), expert)
+        policies["expert"] = ReplayExpert(GymnasiumEnv(env, **env_options), expert, replay_sync(template))
     policies.update(strategies or {})
     return EnvSpec(
         name=name,
@@ -369,7 +415,28 @@ def make_gym_spec(
         strategies=policies,
         max_turns=max_turns,
         description=description,
+        stochastic=stochastic,
+        min_expert_success=min_expert_success,
+        expert_seeds=expert_seeds,
+        split_by=split_by,
     )
+
+
+def transition_table(env: GymnasiumEnv) -> Any:
+    """The toy-text transition table ``P`` of `env` (None if it has none or its observations are
+    not the state numbers)."""
+    built = env._gym_env(env.env_kwargs)
+    if not isinstance(env.observation_space, spaces.Discrete):
+        return None
+    return getattr(built.unwrapped, "P", None) if hasattr(built.unwrapped, "s") else None
+
+
+def replay_sync(env: GymnasiumEnv) -> SyncFn | None:
+    """`tabular_sync` for a toy-text env whose dynamics are random, else None (nothing to follow)."""
+    table = transition_table(env)
+    if table is None or is_deterministic(table):
+        return None
+    return tabular_sync(table)
 
 
 def _task_stream(
@@ -379,20 +446,25 @@ def _task_stream(
     seed: int,
     task_env_kwargs: Callable[[int], Mapping[str, Any]] | None,
     eval_fraction: float,
+    split_by: str = "prompt",
 ) -> Iterator[Task]:
     rng = random.Random(f"{name}-{seed}")
     index = rejected = 0
     while True:
-        task_seed = rng.randrange(2**31)
+        if split_by == "seed":  # disjoint ranges: eval seeds are at least _SEED_SPLIT
+            task_seed = rng.randrange(_SEED_SPLIT) + (_SEED_SPLIT if split == "eval" else 0)
+        else:
+            task_seed = rng.randrange(2**31)
         kwargs = dict(task_env_kwargs(task_seed)) if task_env_kwargs is not None else {}
         probe = Task(id="probe", prompt="", env=name, seed=task_seed, params={"env_kwargs": kwargs})
         prompt = template.reset(probe, task_seed).text
-        if split_of(prompt, eval_fraction) != split:
+        if split_by == "prompt" and split_of(prompt, eval_fraction) != split:
             rejected += 1
             if rejected > _MAX_REJECTIONS:
                 raise RuntimeError(
                     f"{name}: no {split!r} task in {_MAX_REJECTIONS} seeds; the initial observations "
-                    "barely vary with the seed. Pass task_env_kwargs (e.g. a random map per seed)."
+                    "barely vary with the seed. Split by seed (split_by='seed'), or pass "
+                    "task_env_kwargs (e.g. a random map per seed)."
                 )
             continue
         rejected = 0
