@@ -27,6 +27,11 @@ $(STAMP): pyproject.toml Makefile
 	@command -v bwrap >/dev/null 2>&1 || apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
 	  echo "WARNING: bubblewrap (bwrap) is not installed; sandbox tests will skip with that reason"
+	@# mcp-server-sqlite (the stateful server of the mcp tests) pins mcp 1.x, so it gets a venv of its own.
+	@test -x .venv-mcp-sqlite/bin/mcp-server-sqlite || \
+	  { $(PY) -m venv .venv-mcp-sqlite && \
+	    .venv-mcp-sqlite/bin/pip install --quiet "mcp-server-sqlite==2025.4.25" "mcp<2"; } || \
+	  echo "WARNING: .venv-mcp-sqlite could not be built; the mcp-server-sqlite test will skip"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -14,7 +14,16 @@ schemas (`tool_env.render_system_prompt`). The policy calls them in the JSON sty
   `MCPTransportError`, so the agent loop marks the trajectory `infra_failed`.
 
 The session lives for one episode: `reset` closes the previous one and starts a fresh server,
-so no state leaks between episodes; `close` shuts the subprocess down and is idempotent.
+so no state leaks between episodes; `close` shuts the subprocess down and is idempotent. Two
+variants:
+
+* a stateless server can be kept warm: with ``pool=`` (`mcp_pool.MCPPool`) `reset` borrows a
+  live session and `close` (or the next `reset`) gives it back, so a server starts once per
+  pool slot rather than once per episode;
+* a stateful server gets fresh state through its arguments: ``{episode_dir}`` in the args, env
+  values or cwd is replaced by a new temporary directory at `reset` (e.g. ``--db-path
+  {episode_dir}/db.sqlite``), removed when the episode's server has shut down. It needs a fresh
+  server per episode, so it cannot be combined with a pool.
 """
 
 from __future__ import annotations
@@ -22,11 +31,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
+import tempfile
+import weakref
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, TextIO, cast
 
-from steprl.envs.adapters.mcp_session import MCPSession
+from steprl.envs.adapters.mcp_pool import MCPPool
+from steprl.envs.adapters.mcp_session import MCPSession, run_in
 from steprl.envs.base import Observation, ToolError, Transition, maybe_await
 from steprl.envs.parsing import ActionSyntax, FinalAnswer, InvalidAction, ToolCall
 from steprl.envs.parsing import stop_strings as make_stop_strings
@@ -44,13 +57,17 @@ AsyncVerifier = Callable[[str, Task], float | Awaitable[float]]
 
 _MAX_ERROR_CHARS = 160
 
+#: Replaced, in a server's args, env values and cwd, by a fresh directory per episode.
+EPISODE_DIR = "{episode_dir}"
+
 
 @dataclass
 class MCPTool:
     """One tool of an MCP server, with the `Tool` protocol's name, description and schema.
 
-    Call it with ``await tool.acall(**arguments)`` in the event loop that runs the session;
-    the sync ``tool(**arguments)`` works from any *other* thread (it blocks on that loop).
+    Call it with ``await tool.acall(**arguments)`` from any event loop (a pooled session runs in
+    its pool's loop: the call is relayed there); the sync ``tool(**arguments)`` works from any
+    thread but the one running the session's loop (it blocks on that loop).
     Both return the result text, raise `ToolError` for an ``isError`` result or an
     ``Invalid params`` reply, and `MCPTransportError` for a transport failure.
     """
@@ -61,7 +78,7 @@ class MCPTool:
     session: MCPSession = field(repr=False)
 
     async def acall(self, **kwargs: Any) -> str:
-        return await self.session.call(self.name, kwargs)
+        return await run_in(self.session.loop, self.session.call(self.name, kwargs))
 
     def __call__(self, **kwargs: Any) -> str:
         loop = self.session.loop
@@ -110,7 +127,10 @@ class MCPToolEnv(ToolEpisode):
         max_observation_chars: tool results longer than this are cut (head + tail + marker).
         call_timeout_s / startup_timeout_s: a call or server start slower than this is a
             transport failure.
-        errlog: where the server's stderr goes (default: ours if it is a file, else /dev/null).
+        errlog: where the server's stderr goes (default: a temporary file per session, whose
+            tail goes into the message of a failed start).
+        pool: borrow warm sessions from this pool (of the same `server`) instead of starting a
+            server per episode; only for servers without per-episode state.
     """
 
     def __init__(
@@ -128,7 +148,14 @@ class MCPToolEnv(ToolEpisode):
         call_timeout_s: float = 30.0,
         startup_timeout_s: float = 30.0,
         errlog: TextIO | IO[str] | None = None,
+        pool: MCPPool | None = None,
     ) -> None:
+        self._templated = _templated(server)
+        if pool is not None and self._templated:
+            raise ValueError(
+                f"the MCP server's arguments use {EPISODE_DIR} (fresh state per episode), which needs a "
+                "fresh server per episode; drop the pool (reuse: false) or the placeholder."
+            )
         if max_invalid_actions < 0:
             raise ValueError(f"max_invalid_actions must be >= 0, got {max_invalid_actions}.")
         if max_observation_chars < 1:
@@ -146,6 +173,9 @@ class MCPToolEnv(ToolEpisode):
         self.max_observation_chars = max_observation_chars
         self.call_timeout_s, self.startup_timeout_s = call_timeout_s, startup_timeout_s
         self.errlog = cast(TextIO | None, errlog)
+        self.pool = pool
+        self.episode_dir: str | None = None  # this episode's {episode_dir}, if the server uses one
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         # Known before the server runs: JSON-style calls and the answer (what `check_env` reads).
         self.stop_strings: Sequence[str] = make_stop_strings((), json_calls=True)
         self.system_prompt: str = system_prompt or ""
@@ -161,23 +191,35 @@ class MCPToolEnv(ToolEpisode):
         self._turn = 0
 
     async def reset(self, task: Task, seed: int) -> Observation:
-        """Start a fresh server and session for `task`; the first observation is its prompt.
+        """Start a fresh server and session for `task` (or borrow a warm one from the pool); the
+        first observation is its prompt. `MCPStartError` if the server does not start.
 
         The previous episode's server shuts down while the new one starts (both take a while).
         """
-        old, self._session = self._session, None
-        self._task, self._done, self.tools = None, True, {}
-        session = MCPSession(self.server, self.errlog, self.call_timeout_s)
-        started, closed = await asyncio.gather(
-            session.start(self.startup_timeout_s),
-            old.aclose() if old is not None else asyncio.sleep(0),
-            return_exceptions=True,
-        )
-        for outcome in (started, closed):
-            if isinstance(outcome, BaseException):
+        old, old_dir, old_broken = self._session, self.episode_dir, self._broken
+        self._detach()
+        if self.pool is not None:
+            await self._drop(old, old_dir, old_broken)
+            session = await self.pool.acquire()
+            new_dir = None
+        else:
+            server, new_dir = self._episode_server()
+            session = MCPSession(server, self.errlog, self.call_timeout_s)
+            try:
+                started, closed = await asyncio.gather(
+                    session.start(self.startup_timeout_s),
+                    self._drop(old, old_dir, old_broken),
+                    return_exceptions=True,
+                )
+                for outcome in (started, closed):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+            except BaseException:
                 await session.aclose()
-                raise outcome
-        self._session = session
+                _remove(new_dir)
+                raise
+        self._session, self.episode_dir = session, new_dir
+        self._finalizer = weakref.finalize(self, _orphaned, self.pool, session, new_dir)
         tools, skipped = [], []
         for listed in session.tools:
             wanted = self.include_tools is None or listed.name in self.include_tools
@@ -220,11 +262,46 @@ class MCPToolEnv(ToolEpisode):
         return await self._call(parsed)
 
     async def close(self) -> None:
-        """Shut the server down (if running); safe to call any number of times."""
-        session, self._session = self._session, None
+        """Shut the server down or give it back to the pool; safe to call any number of times."""
+        session, episode_dir, broken = self._session, self.episode_dir, self._broken
+        self._detach()
+        await self._drop(session, episode_dir, broken)
+
+    def _detach(self) -> None:
+        """Forget the episode's session (the caller drops it) and its finalizer."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._session, self.episode_dir, self._finalizer = None, None, None
         self._task, self._done, self.tools = None, True, {}
-        if session is not None:
-            await session.aclose()
+
+    async def _drop(self, session: MCPSession | None, episode_dir: str | None, broken: bool) -> None:
+        """Give `session` back to the pool (closed if `broken`) or shut it down; then remove its dir."""
+        try:
+            if session is not None and self.pool is not None:
+                await self.pool.release(session, broken=broken)
+            elif session is not None:
+                await session.aclose()
+        finally:
+            _remove(episode_dir)
+
+    def _episode_server(self) -> tuple[StdioServerParameters, str | None]:
+        """The server to start for one episode, with {episode_dir} filled in (and that dir)."""
+        if not self._templated:
+            return self.server, None
+        path = tempfile.mkdtemp(prefix="steprl-mcp-episode-")
+
+        def fill(text: str) -> str:
+            return text.replace(EPISODE_DIR, path)
+
+        env, cwd = self.server.env, self.server.cwd
+        server = self.server.model_copy(
+            update={
+                "args": [fill(a) for a in self.server.args],
+                "env": {k: fill(v) for k, v in env.items()} if env is not None else None,
+                "cwd": fill(str(cwd)) if cwd is not None else None,
+            }
+        )
+        return server, path
 
     async def _call(self, call: ToolCall) -> Transition:
         tool = self.tools[call.name]
@@ -247,3 +324,25 @@ class MCPToolEnv(ToolEpisode):
         return self._transition(
             f"<error>{error}</error>", rewards, kind="tool_call", tool=call.name, valid=False, error=error
         )
+
+
+def _templated(server: StdioServerParameters) -> bool:
+    """Whether {episode_dir} appears in the server's args, env values or cwd."""
+    texts = [*server.args, *(server.env or {}).values(), str(server.cwd or "")]
+    return any(EPISODE_DIR in text for text in texts)
+
+
+def _remove(path: str | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _orphaned(pool: MCPPool | None, session: MCPSession, episode_dir: str | None) -> None:
+    """An env collected mid-episode (never closed): hand its pooled session back, remove its dir.
+
+    (A session of its own ends with its event loop: ``asyncio.run`` cancels the session's task,
+    and the SDK stops the server.)
+    """
+    if pool is not None:
+        pool.release_soon(session, broken=True)  # state unknown: do not lend it again
+    _remove(episode_dir)
