@@ -289,8 +289,10 @@ def _check_tasks(
             _fail(
                 name, f"task {task.id!r} has env={task.env!r}; set Task.env to the registered name {name!r}."
             )
-    if len({t.id for t in train}) != len(train):
-        _fail(name, "task ids repeat within a sample; include an index in Task.id.")
+    by_id: dict[str, Task] = {}
+    for task in train:
+        if by_id.setdefault(task.id, task) != task:
+            _fail(name, f"task id {task.id!r} names two different tasks; include an index in Task.id.")
     if sample("train", n) != train:
         _fail(
             name,
@@ -313,7 +315,7 @@ def _check_tasks(
         relaxed["split"] = (
             f"by task seed, not prompt ({prompts} distinct prompt(s) in {len(many)} train tasks)"
         )
-        return train
+        return _distinct(train, relaxed)
     overlap = {t.prompt for t in many} & {t.prompt for t in evals}
     if overlap:
         _fail(
@@ -322,7 +324,16 @@ def _check_tasks(
             "to one split by a stable hash of its content (or, if every start state is the same, "
             "split by seed: EnvSpec(split_by='seed')).",
         )
-    return train
+    return _distinct(train, relaxed)
+
+
+def _distinct(train: list[Task], relaxed: dict[str, str]) -> list[Task]:
+    """The sample without repeats: a finite train set (tasks from a file) cycles, and a task
+    that comes back is the same task (checked above), so it is run once."""
+    unique = list({t.id: t for t in train}.values())
+    if len(unique) < len(train):
+        relaxed["tasks"] = f"the train split has {len(unique)} tasks, fewer than the {len(train)} asked for"
+    return unique
 
 
 def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
