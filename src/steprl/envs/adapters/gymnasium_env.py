@@ -56,8 +56,8 @@ from steprl.envs.adapters.gym_render import Renderer
 from steprl.envs.base import Observation, Transition
 from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
 from steprl.envs.policy import Policy
-from steprl.envs.spec import EnvSpec
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, cost_component, format_component
+from steprl.envs.spec import EnvSpec
 from steprl.extras import require
 from steprl.types import Task
 
