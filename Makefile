@@ -50,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_vs_learner.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-mcp-sqlite runs .pytest_cache .mypy_cache .ruff_cache
