@@ -247,3 +247,27 @@ def test_close_pools_at_exit_leaves_no_server(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert _gone(int(out.stdout))
+
+
+def test_a_shared_pool_is_closed_at_exit(tmp_path):
+    """The pool the `mcp` family builds (`shared_pool`, held only by the module) is closed by
+    the atexit hook too: a run's reused servers do not outlive it."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from mcp import StdioServerParameters
+        from steprl.envs.adapters.mcp_pool import shared_pool
+        from steprl.envs.adapters.mcp_session import run_in
+        pool = shared_pool(StdioServerParameters(command=sys.executable, args=[{str(SERVER)!r}]),
+                           max_servers=1, call_timeout_s=10.0, startup_timeout_s=30.0)
+        async def main():
+            session = await pool.acquire()
+            print(await run_in(session.loop, session.call("pid", {{}})), flush=True)
+            await pool.release(session)
+        asyncio.run(main())
+        del pool  # only the module's table holds it now
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert _gone(int(out.stdout))

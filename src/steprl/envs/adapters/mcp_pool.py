@@ -258,8 +258,11 @@ def shared_pool(
 def close_pools() -> None:
     """Close every open pool of this process (idempotent; also run at interpreter exit)."""
     with _SHARED_LOCK:
+        # strong references first: a pool only `_SHARED` held would leave the weak set (and
+        # never be closed) the moment `_SHARED` lets go of it
+        pools = {*_SHARED.values(), *_OPEN}
         _SHARED.clear()
-    for pool in list(_OPEN):
+    for pool in pools:
         pool.close()
 
 
