@@ -170,11 +170,12 @@ class ReplayExpert:
     def __init__(self, shadow: ScriptableEnv, expert: ExpertFn, sync: SyncFn | None = None) -> None:
         self.shadow, self.expert, self.sync = shadow, expert, sync
         self._task: Task | None = None
-        self._done: list[str] = []
+        # the (action, observation) pairs replayed so far: episodes of one task run concurrently
+        # (demos, groups) and may share actions but not slips, so the observations must match too
+        self._done: list[tuple[str, str]] = []
 
     def __call__(self, task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
-        actions = [a for a, _ in history]
-        if self._task != task or actions[: len(self._done)] != self._done:
+        if self._task != task or [tuple(h) for h in history[: len(self._done)]] != self._done:
             self.shadow.reset(task, task.seed)
             self._task, self._done = task, []
         for action, observed in history[len(self._done) :]:
@@ -184,7 +185,7 @@ class ReplayExpert:
             # an invalid action ("env_action" absent) moved neither env
             if self.sync is not None and observed and t.observation != observed and "env_action" in t.info:
                 self.sync(self.shadow, before, t.info["env_action"], observed)
-            self._done.append(action)
+            self._done.append((action, observed))
         move = self.expert(self.shadow.raw_obs)
         tag = self.shadow.action_tag
         return f"<{tag}>{self.shadow.format_action(move)}</{tag}>"

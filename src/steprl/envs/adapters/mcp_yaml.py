@@ -192,7 +192,7 @@ def parse_params(params: Mapping[str, Any]) -> MCPParams:
         max_invalid_actions=p.integer("max_invalid_actions", 3, low=0),
         max_observation_chars=p.integer("max_observation_chars", 2048, low=1),
         description=p.text("description", ""),
-        spec_fields={k: params[k] for k in _SPEC_FIELDS if k in params},
+        spec_fields=_spec_fields(p, params),
     )
     if not parsed.command.strip():
         raise MCPConfigError("env.params.command is empty; give the server's executable.")
@@ -212,15 +212,30 @@ def mcp_spec(params: Mapping[str, Any]) -> EnvSpec:
     resolve_command(p.command)  # a missing executable is one line now, not an infra failure per episode
     rule = p.reward
     name = f"mcp:{os.path.basename(p.command)}"
-    return EnvSpec(
-        name=name,
-        factory=make_mcp_env,
-        tasks=_no_tasks,
-        strategies={"expert": SolutionExpert(rule), "guess": WrongGuess(rule), "random": RandomActions()},
-        max_turns=p.max_turns,
-        description=p.description or f"the tools of the MCP server `{' '.join([p.command, *p.args])}`",
-        **p.spec_fields,
-    )
+    try:
+        return EnvSpec(
+            name=name,
+            factory=make_mcp_env,
+            tasks=_no_tasks,
+            strategies={"expert": SolutionExpert(rule), "guess": WrongGuess(rule), "random": RandomActions()},
+            max_turns=p.max_turns,
+            description=p.description or f"the tools of the MCP server `{' '.join([p.command, *p.args])}`",
+            **p.spec_fields,
+        )
+    except ValueError as exc:  # the spec's own rules (e.g. replayable: false needs a reason)
+        raise MCPConfigError(f"env.params: {exc}") from None
+
+
+def _spec_fields(p: _Reader, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The `EnvSpec` rules given in `params`, each read with its type (the spec checks ranges)."""
+    read = {
+        "stochastic": lambda k: p.boolean(k, False),
+        "replayable": lambda k: p.boolean(k, True),
+        "not_replayable_because": lambda k: p.text(k, ""),
+        "min_expert_success": lambda k: p.number(k, 1.0),
+        "expert_seeds": lambda k: p.integer(k, 1, low=1),
+    }
+    return {k: read[k](k) for k in _SPEC_FIELDS if k in params}
 
 
 def make_mcp_env(**params: Any) -> MCPToolEnv:
