@@ -39,15 +39,34 @@ def test_default_demo_config_is_valid():
     assert cfg.derived()["trajectories_per_step"] == cfg.rollout.tasks_per_step * cfg.rollout.group_size
 
 
-def test_every_shipped_config_loads_and_names_a_registered_env():
+def test_every_shipped_config_loads_and_names_an_env_with_its_sft_strategies():
     from pathlib import Path
 
-    from steprl.envs.registry import ENVS
+    from steprl.training.env_setup import env_spec
 
     configs = sorted(Path("configs").glob("*.yaml"))
-    assert len(configs) >= 7
+    assert len(configs) >= 9
     for path in configs:
         cfg = load_config(path)
-        assert cfg.env.name in ENVS, path
-        missing = set(cfg.model.sft.strategies) - set(ENVS[cfg.env.name].strategies)
+        spec = env_spec(cfg)  # registered names and the gym / mcp families (built from params)
+        missing = {cfg.model.sft.skill_strategy, *cfg.model.sft.strategies} - set(spec.strategies)
         assert not missing, (path, missing)
+
+
+def test_a_saved_config_with_env_server_plugins_still_loads(tmp_path):
+    """Checkpoints saved before issue 11 name runtime.env_server_plugins: it is env.plugins now."""
+    saved = tmp_path / "config.yaml"
+    saved.write_text("runtime: {backend: http, env_server_plugins: [my_envs]}\nenv: {plugins: [other]}\n")
+    cfg = load_config(saved)
+    assert cfg.env.plugins == ["other", "my_envs"] and cfg.runtime.backend == "http"
+
+
+@pytest.mark.parametrize("value", ["envs", "Env", "None", "tools"])
+def test_a_mistyped_system_prompt_mode_names_the_modes(value):
+    with pytest.raises(ConfigError, match="rollout.system_prompt"):
+        load_config(None, [f"rollout.system_prompt={value}"])
+
+
+def test_a_system_prompt_may_be_text():
+    cfg = load_config(None, ["rollout.system_prompt=You are a careful agent."])
+    assert cfg.rollout.system_prompt == "You are a careful agent."

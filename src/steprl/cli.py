@@ -124,6 +124,7 @@ def check_env_cmd(
     solvability; stochastic and live envs run the checks their spec declares (see the report).
     A YAML config checks its `env` section (name, params, task_params, task_file, plugins)."""
     from steprl.envs.check import EnvCheckError, check_spec
+    from steprl.errors import UserError
     from steprl.training import env_setup
 
     overrides = list(set_)
@@ -138,12 +139,13 @@ def check_env_cmd(
             env_params=cfg.env.params,
             task_params=cfg.env.task_params,
         )
+    except UserError:
+        raise  # a bad name, plugin or param: one line and exit 2, as from every command
     except (EnvCheckError, KeyError, ValueError) as err:
         console.print(f"check-env {cfg.env.name}: {err}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    summary = report.summary() if hasattr(report, "summary") else str(report)
     console.print(f"[green]{cfg.env.name}: ok[/green]")
-    console.print(summary, markup=False, highlight=False)
+    console.print(report.summary(), markup=False, highlight=False)
 
 
 # `steprl serve-env`: the env server. Defined in steprl.hosting.command so that LocalEnvServer can

@@ -16,10 +16,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, POLICY_LOSSES
+from steprl.errors import UserError
 
 
-class ConfigError(ValueError):
-    """A config problem, with the dotted key and what is allowed."""
+class ConfigError(UserError, ValueError):
+    """A config problem, with the dotted key and what is allowed (one line from the CLI)."""
 
 
 class _Section(BaseModel):
@@ -110,6 +111,16 @@ class RolloutSection(_Section):
     context: Literal["append_only", "keep_last_k", "drop_old_observations"] = "append_only"
     keep_last_k: int = Field(2, ge=0)  # k for keep_last_k / drop_old_observations
     max_batch_size: int = Field(256, gt=0)  # engine batch cap
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _system_prompt_mode_or_text(cls, v: str) -> str:
+        # a one-word value is a mode: a typo ("envs", "None") must not become the prompt text
+        if v not in ("auto", "none", "env") and len(v.split()) < 2:
+            raise ValueError(
+                f"{v!r} is not a mode; allowed values: auto, none, env, or a prompt text of several words"
+            )
+        return v
 
 
 class AlgorithmSection(_Section):
@@ -247,6 +258,21 @@ class Config(_Section):
     trainer: TrainerSection = TrainerSection()
     runtime: RuntimeSection = RuntimeSection()
     logging: LoggingSection = LoggingSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Keys renamed since a config could have been saved (a checkpoint's config.yaml):
+        runtime.env_server_plugins is env.plugins now (the trainer, the env server and the Ray
+        workers all import them)."""
+        runtime = data.get("runtime") if isinstance(data, dict) else None
+        if isinstance(runtime, dict) and "env_server_plugins" in runtime:
+            data = {**data, "runtime": {k: v for k, v in runtime.items() if k != "env_server_plugins"}}
+            env = dict(data.get("env") or {})
+            old = list(runtime["env_server_plugins"] or [])
+            env["plugins"] = [*env.get("plugins", []), *(m for m in old if m not in env.get("plugins", []))]
+            data["env"] = env
+        return data
 
     def derived(self) -> dict[str, int]:
         """Sizes computed once from the config (printed at start)."""

@@ -12,9 +12,11 @@ import pytest
 from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.registry import get_spec, make_env
 from steprl.rollout.chat import PlainFormat
+from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.demos import play_demos
+from steprl.rollout.loop import Budgets
 from steprl.rollout.views import packed_view
-from steprl.training.sft import make_demos
+from steprl.training.sft import DemoError, make_demos
 from steprl.types import EndReason, Task
 
 
@@ -22,7 +24,10 @@ def _tasks(n: int) -> list[Task]:
     return list(islice(get_spec("calculator").tasks("train", 5), n))
 
 
-def _play(tasks, fmt, make=lambda t: make_env("calculator"), weights=None, seed=3):
+BUDGETS = Budgets(max_turns=8, max_tokens_per_turn=64, max_total_tokens=512)
+
+
+def _play(tasks, fmt, make=lambda t: make_env("calculator"), weights=None, seed=3, budgets=BUDGETS):
     spec = get_spec("calculator")
     return asyncio.run(
         play_demos(
@@ -32,7 +37,8 @@ def _play(tasks, fmt, make=lambda t: make_env("calculator"), weights=None, seed=
             make_env=make,
             fmt=fmt,
             seed=seed,
-            max_turns=spec.max_turns,
+            rule=AppendOnly(),
+            budgets=budgets,
         )
     )
 
@@ -125,12 +131,13 @@ def test_failed_demos_are_dropped_and_counted(tokenizer):
         make_env=lambda t: _Broken() if t.id in {tasks[1].id, tasks[4].id} else make_env("calculator"),
         fmt=fmt,
         seed=0,
-        max_turns=spec.max_turns,
+        rule=AppendOnly(),
+        budgets=BUDGETS,
         log=logs.append,
     )
     assert len(demos) == 4
     assert any("2 of 6 demonstrations failed" in line and "unreachable" in line for line in logs)
-    with pytest.raises(RuntimeError, match="no demonstration could be played"):
+    with pytest.raises(DemoError, match="no demonstration could be played"):
         make_demos(
             tasks,
             strategies=spec.strategies,
@@ -138,7 +145,8 @@ def test_failed_demos_are_dropped_and_counted(tokenizer):
             make_env=lambda t: _Broken(),
             fmt=fmt,
             seed=0,
-            max_turns=spec.max_turns,
+            rule=AppendOnly(),
+            budgets=BUDGETS,
             log=logs.append,
         )
 
@@ -160,3 +168,28 @@ def test_the_system_prompt_mode_opens_the_first_prompt(tokenizer, mode, expected
     assert PlainFormat(tokenizer, system_prompt="env").initial_ids("", "2+2") == PlainFormat(
         tokenizer
     ).initial_ids("x", "2+2")
+
+
+def test_demos_follow_the_rollout_budgets_and_context_rule(tokenizer):
+    """A demo shows only what a rollout can: turns and tokens per turn are cut by the budgets,
+    and with keep_last_k each step is its own row with the window RL would show."""
+    fmt = PlainFormat(tokenizer)
+    tasks = [t for t in _tasks(40) if t.params.get("num_calls", 2) >= 2][:4] or _tasks(4)
+    tight = _play(tasks, fmt, budgets=Budgets(max_turns=1, max_tokens_per_turn=64, max_total_tokens=512))
+    assert all(len(d.trajectory.steps) == 1 for d in tight)
+    short = _play(tasks, fmt, budgets=Budgets(max_turns=8, max_tokens_per_turn=3, max_total_tokens=512))
+    assert all(len(s.action_ids) <= 3 for d in short for s in d.trajectory.steps)
+    assert any(s.info["finish_reason"] == "length" for d in short for s in d.trajectory.steps)
+    spec = get_spec("calculator")
+    rows = make_demos(
+        tasks,
+        strategies=spec.strategies,
+        weights={"expert": 1.0},
+        make_env=lambda t: make_env("calculator"),
+        fmt=fmt,
+        seed=0,
+        rule=KeepLastK(1),
+        budgets=BUDGETS,
+    )
+    steps = sum(len(d.trajectory.steps) for d in _play(tasks, fmt, seed=0))
+    assert len(rows) == steps  # one row per step

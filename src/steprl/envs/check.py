@@ -120,7 +120,7 @@ def check_env(
 ) -> EnvCheckReport:
     """Run every check on the registered env `name` (see the module docstring)."""
     return check_spec(
-        get_spec(name), n_tasks=n_tasks, seed=seed, env_params=env_params, task_params=task_params
+        get_spec(name, env_params), n_tasks=n_tasks, seed=seed, env_params=env_params, task_params=task_params
     )
 
 

@@ -129,7 +129,7 @@ def load_plugins(modules: Sequence[str]) -> None:
     for module in modules:
         try:
             _import(module)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin that calls sys.exit() on import, too
             raise EnvLoadError(
                 f"plugin {module!r} failed to import: {type(exc).__name__}: {exc}. "
                 "Is its package installed in this environment (pip install -e <your package>)?"

@@ -13,9 +13,7 @@ from steprl.hosting.command import serve_env
 def main() -> None:
     try:
         typer.run(serve_env)
-    except (
-        UserError
-    ) as err:  # a missing extra, a plugin that does not import: one line, as `steprl` prints it
+    except UserError as err:  # a missing extra, a plugin that does not import: one line
         print(err, file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -142,8 +142,10 @@ class EnvWorker:
         its system prompt) only at reset, as the MCP adapter does."""
         result = await self._call(instance_id, "reset", task, seed)
         env = self._envs.get(instance_id)
-        if isinstance(result, EnvFailure) or env is None:
+        if isinstance(result, EnvFailure):
             return result
+        if env is None:  # destroyed (deadline) while resetting
+            return EnvFailure("reset", "Destroyed", f"env instance {instance_id} was destroyed", "", True)
         return result, EnvMeta(tuple(env.stop_strings), str(env.system_prompt))
 
     async def step(self, instance_id: str, action: str) -> Transition | EnvFailure:

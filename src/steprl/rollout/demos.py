@@ -24,13 +24,10 @@ import torch
 from steprl.envs.base import Env, Observation, Transition, maybe_await
 from steprl.envs.policy import Policy
 from steprl.rollout.chat import PromptFormat
-from steprl.rollout.context import AppendOnly
+from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Generation, SamplingParams
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.types import EndReason, Task, Trajectory
-
-#: No budget cuts a demonstration short: the strategy decides when it is done (max_turns aside).
-_UNBOUNDED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -92,8 +89,12 @@ class StrategyEngine:
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
     ) -> Generation:
         action = self.policy(self.task, list(self.recorder.history), self.rng)
-        self.recorder.pending = action
         ids = tuple(self.fmt.observation_ids(action))  # demo actions are text: encoded once, here
+        if len(ids) > sampling.max_new_tokens:  # cut where the model's turn would be cut
+            ids = ids[: sampling.max_new_tokens]
+            self.recorder.pending = None  # the env gets (and the history keeps) the cut text
+            return Generation(ids, (0.0,) * len(ids), "length")
+        self.recorder.pending = action
         return Generation(ids, (0.0,) * len(ids), "stop")
 
 
@@ -105,9 +106,11 @@ async def play_demos(
     make_env: Callable[[Task], Env],
     fmt: PromptFormat,
     seed: int,
-    max_turns: int,
+    rule: ContextRule,
+    budgets: Budgets,
 ) -> list[Demonstration]:
-    """Play each task once with a strategy drawn by weight, all episodes concurrently.
+    """Play each task once with a strategy drawn by weight, all episodes concurrently, under the
+    context rule and budgets RL uses (so a demonstration shows only what a rollout can).
 
     Deterministic in `seed`: the draw of strategies is sequential, and each episode has its own
     rng and env seed, so neither the order in which episodes finish nor the env backend changes
@@ -119,8 +122,6 @@ async def play_demos(
     draw = random.Random(seed)
     names = sorted(weights)
     chosen = [draw.choices(names, [weights[n] for n in names])[0] for _ in tasks]
-    budgets = Budgets(max_turns=max_turns, max_tokens_per_turn=_UNBOUNDED, max_total_tokens=_UNBOUNDED)
-    rule = AppendOnly()
 
     async def one(index: int, task: Task) -> Demonstration:
         try:

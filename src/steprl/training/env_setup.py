@@ -35,16 +35,7 @@ def env_spec(cfg: Config) -> EnvSpec:
     if tf is not None:
         from steprl.envs.task_file import TaskFile, with_task_file
 
-        spec = with_task_file(
-            spec,
-            TaskFile(
-                path=tf.path,
-                prompt_field=tf.prompt_field,
-                id_field=tf.id_field,
-                split_field=tf.split_field,
-                eval_fraction=tf.eval_fraction,
-            ),
-        )
+        spec = with_task_file(spec, TaskFile(**tf.model_dump()))
     return spec
 
 
@@ -57,6 +48,12 @@ def env_pool(cfg: Config) -> Iterator[EnvPool]:
         yield envs
     finally:
         envs.close()
+
+
+def budgets(cfg: Config) -> tuple[int, int, int]:
+    """(max_turns, max_tokens_per_turn, max_total_tokens) of `rollout`: RL, eval and demos alike."""
+    r = cfg.rollout
+    return r.max_turns, r.max_tokens_per_turn, r.max_total_tokens
 
 
 def system_prompt_mode(cfg: Config) -> str:

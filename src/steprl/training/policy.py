@@ -15,9 +15,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from steprl.config import Config
+from steprl.config import Config, ConfigError
 from steprl.envs.base import Env
 from steprl.models import tiny
+from steprl.rollout.context import CONTEXT_RULES
+from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
 from steprl.training import sft
 from steprl.types import Task
@@ -41,6 +43,8 @@ def sft_cache_dir(cfg: Config) -> Path:
             "sft": cfg.model.sft.model_dump(),
             "env": cfg.env.model_dump(),
             "system_prompt": setup.system_prompt_mode(cfg),  # part of every demonstration's tokens
+            "rollout": [cfg.rollout.context, cfg.rollout.keep_last_k, *setup.budgets(cfg)],  # shape demos
+            "task_file": _file_version(cfg.env.task_file.path) if cfg.env.task_file else None,
             "seed": cfg.run.seed,
         },
         sort_keys=True,
@@ -48,6 +52,15 @@ def sft_cache_dir(cfg: Config) -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name)  # an import path or a family id
     return Path(cfg.model.cache_dir) / f"tiny-{name}-{digest}"
+
+
+def _file_version(path: str) -> list[object]:
+    """Size and mtime of a task file: an edited file gets a fresh warm start, not a stale cache."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return [path]  # missing: the task loader says so, with the path
+    return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns]
 
 
 def load_policy(
@@ -87,6 +100,13 @@ def load_policy(
     if make_env is None:
         raise ValueError("the SFT warm start plays demonstrations: pass make_env (an EnvPool's make_env)")
     env_spec = setup.env_spec(cfg)
+    unknown = sorted({s.skill_strategy, *s.strategies} - set(env_spec.strategies))
+    if unknown:  # checked before any work: the mixture phase would fail only after the skills phase
+        raise ConfigError(
+            f"model.sft.strategies / model.sft.skill_strategy name {unknown}, which env {env_spec.name!r} "
+            f"does not offer; its strategies: {sorted(env_spec.strategies)} (e.g. --set "
+            "'model.sft.strategies={expert: 0.3, random: 0.7}')"
+        )
     fmt = setup.prompt_format(cfg, tokenizer)
     tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
 
@@ -105,7 +125,8 @@ def load_policy(
             make_env=make_env,
             fmt=fmt,
             seed=s.seed + len(phase),
-            max_turns=env_spec.max_turns,
+            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
+            budgets=Budgets(*setup.budgets(cfg)),  # the demos fit what RL will show the model
             log=log,
         )
         log(

@@ -19,11 +19,14 @@ import torch
 
 from steprl.envs.base import Env
 from steprl.envs.policy import Policy
+from steprl.errors import UserError
 from steprl.rollout.chat import PromptFormat
+from steprl.rollout.context import ContextRule
 from steprl.rollout.demos import play_demos
-from steprl.rollout.views import Sample, packed_view
+from steprl.rollout.loop import Budgets
+from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training.batching import collate, token_logprobs
-from steprl.types import NOT_TRAINABLE, Task
+from steprl.types import NOT_TRAINABLE, EndReason, Task
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,10 @@ class Demo:
     strategy: str
     sample: Sample
     outcome_reward: float
+
+
+class DemoError(UserError):
+    """No demonstration could be played (every episode failed in the env)."""
 
 
 def make_demos(
@@ -41,11 +48,14 @@ def make_demos(
     make_env: Callable[[Task], Env],
     fmt: PromptFormat,
     seed: int,
-    max_turns: int,
+    rule: ContextRule,
+    budgets: Budgets,
     log: Callable[[str], None] = print,
 ) -> list[Demo]:
     """Play each task once with a strategy drawn by weight, through the agent loop
-    (`rollout/demos.py`), and keep the trainable transcripts as packed training rows.
+    (`rollout/demos.py`) under RL's context rule and budgets, and keep the trainable
+    transcripts as training rows shaped as RL's (one packed row per transcript for an
+    append-only context, one row per step otherwise).
 
     Episodes that fail in the env (`infra_failed`, `env_timeout`) are counted and dropped, as
     in RL; when every one fails, the first error says why.
@@ -58,7 +68,8 @@ def make_demos(
             make_env=make_env,
             fmt=fmt,
             seed=seed,
-            max_turns=max_turns,
+            rule=rule,
+            budgets=budgets,
         )
     )
     kept = [d for d in played if d.trajectory.end not in NOT_TRAINABLE and d.trajectory.steps]
@@ -68,14 +79,19 @@ def make_demos(
             f"  {len(failed)} of {len(played)} demonstrations failed in the env "
             f"(not trained on); the first: {failed[0].info.get('error')}"
         )
+    cut = sum(d.trajectory.end is EndReason.TRUNCATED for d in kept)
+    if cut:
+        log(f"  {cut} of {len(played)} demonstrations hit a rollout budget (rollout.max_*) and were cut")
     if not kept:
-        raise RuntimeError(
-            f"no demonstration could be played ({len(failed)} failed in the env; first error: "
-            f"{failed[0].info.get('error') if failed else 'none'}); run `steprl check-env` on this env."
+        raise DemoError(
+            f"no demonstration could be played ({len(failed)} failed in the env; the first error: "
+            f"{failed[0].info.get('error') if failed else 'none'}); run `steprl check-env` on this env"
         )
+    rows = (lambda t, i: [packed_view(t, i)]) if rule.append_only else per_step_view
     return [
-        Demo(d.strategy, packed_view(d.trajectory, i), d.trajectory.outcome_reward)
+        Demo(d.strategy, sample, d.trajectory.outcome_reward)
         for i, d in enumerate(kept)
+        for sample in rows(d.trajectory, i)
     ]
 
 

@@ -71,6 +71,7 @@ class MCPPool:
         self._pid = os.getpid()  # a forked child must not touch the parent's thread or servers
         self._idle: list[MCPSession] = []  # the pool loop's state: touched only in that loop
         self._lent: set[MCPSession] = set()
+        self._starting: set[MCPSession] = set()
         self._live = 0  # idle + lent + starting
         self._loop = asyncio.new_event_loop()
         self._cond = asyncio.Condition()  # binds to the pool loop at first use
@@ -180,13 +181,19 @@ class MCPPool:
                 if warm is None:
                     self._live += 1  # a slot for the server we start below
             if warm is None:
+                session = MCPSession(self.server, None, self.call_timeout_s)
+                self._starting.add(session)  # `close` stops a server that is still starting too
                 try:
-                    session = MCPSession(self.server, None, self.call_timeout_s)
                     await session.start(self.startup_timeout_s)
                 except BaseException:
                     await self._forget()
                     raise
+                finally:
+                    self._starting.discard(session)
                 self.started += 1
+                if self.closed:  # closed while it started: never lend it out
+                    await self._discard(session)
+                    raise MCPTransportError(f"the MCP pool for {self.server.command!r} is closed")
                 self._lent.add(session)
                 return session
             if await warm.ping(min(_PING_TIMEOUT_S, self.call_timeout_s)):
@@ -223,7 +230,12 @@ class MCPPool:
             self._cond.notify_all()  # waiters see `closed` and fail
         sessions, self._idle = [*self._idle, *self._lent], []
         self._lent.clear()
-        await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
+        starting = list(self._starting)  # their `_acquire` forgets their slots when start fails
+        await asyncio.gather(
+            *(s.aclose() for s in sessions),
+            *(s.aclose(cancel=True) for s in starting),
+            return_exceptions=True,
+        )
         self._live -= len(sessions)
 
 
