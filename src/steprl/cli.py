@@ -82,7 +82,7 @@ def sft(
         console.print("[red]model.name must be 'tiny': sft warm-starts the embedded policy[/red]")
         raise typer.Exit(2)
     with env_setup.env_pool(cfg) as envs:
-        env_setup.check_env_starts(envs, env_setup.env_spec(cfg), cfg)
+        env_setup.check_env_starts(envs, env_setup.env_spec(cfg), cfg, console.print)
         policy = load_policy(cfg, log=console.print, make_env=envs.make_env)
     console.print(f"policy: {policy.source}\nsaved in {sft_cache_dir(cfg)}")
 

@@ -48,3 +48,36 @@ def test_a_plugin_env_with_its_reset_time_system_prompt(
             assert traj.outcome_reward == 1.0, traj.info
             first = fmt.decode(traj.steps[0].prompt_ids)
             assert first == f"tools for {group.task.id}\n{group.task.prompt}\n"
+
+
+def test_ray_workers_load_a_plugin_the_driver_found_after_ray_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers get the driver's sys.path with the factory: a plugin module next to the
+    config (not installed) loads there even when Ray was started before it was on the path."""
+    from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
+
+    ensure_ray()
+    source = (Path(__file__).parent / "plugin_env_for_tests.py").read_text()
+    (tmp_path / "late_plugin_env.py").write_text(source.replace('"tools_at_reset"', '"late_tools_at_reset"'))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    backend = make_backend(
+        "late_tools_at_reset", {}, RuntimeSection(backend="ray", env_workers=1), plugins=("late_plugin_env",)
+    )
+    assert isinstance(backend, RayEnvBackend)
+    try:
+        from late_plugin_env import tasks
+
+        task = next(tasks("train", 0))
+
+        async def episode() -> str:
+            env = backend.make_env(task)
+            try:
+                await env.reset(task, 0)
+                return env.system_prompt
+            finally:
+                await env.close()
+
+        assert asyncio.run(episode()) == f"tools for {task.id}"
+    finally:
+        backend.close()

@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import math
 import os
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -245,7 +246,9 @@ class RayEnvBackend:
         self.call_timeout_s = call_timeout_s
         #: (slot, why) for every worker replaced after dying, hanging or saturating with stuck calls
         self.replaced: list[tuple[int, str]] = []
-        self._factory_ref = ray.put(resolved)
+        # pickled here, loaded by the worker after it has the driver's sys.path and plugins
+        self._factory_ref = ray.put(ray.cloudpickle.dumps(resolved))
+        self._sys_path = tuple(p or os.getcwd() for p in sys.path)
         self._params = dict(params)
         self._threads = threads_per_worker
         self._plugins = tuple(plugins)
@@ -334,7 +337,7 @@ class RayEnvBackend:
 
     def _spawn(self) -> Any:
         return _EnvWorkerActor.options(**self._options).remote(
-            self._factory_ref, self._params, self._threads, self._plugins
+            self._factory_ref, self._params, self._threads, self._plugins, self._sys_path
         )
 
     def _calls(self, index: int, generation: int, actor: Any) -> RayCalls:

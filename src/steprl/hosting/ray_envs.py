@@ -14,7 +14,9 @@ import functools
 import inspect
 import itertools
 import os
+import pickle
 import socket
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -67,13 +69,18 @@ class EnvWorker:
 
     def __init__(
         self,
-        factory: Callable[..., Env],
+        factory: Callable[..., Env] | bytes,
         params: Mapping[str, Any],
         max_threads: int,
         plugins: Sequence[str] = (),
+        sys_path: Sequence[str] = (),
     ) -> None:
+        """`factory` may come pickled (bytes): it is loaded only after the driver's `sys_path`
+        entries are added and the `plugins` imported, so a factory from a user's module (a
+        plugin next to the config, not installed) loads in the worker as in the trainer."""
+        sys.path.extend(p for p in sys_path if p not in sys.path)
         load_plugins(plugins)  # what the run's plugin modules register, as in the trainer
-        self._factory = factory
+        self._factory: Callable[..., Env] = pickle.loads(factory) if isinstance(factory, bytes) else factory
         self._params = dict(params)
         self._envs: dict[str, Env] = {}
         self._threads = ThreadPoolExecutor(max_threads, thread_name_prefix="steprl-env")

@@ -89,7 +89,7 @@ def _train(
 
     env_spec = env_setup.env_spec(cfg)
     log(f"environments: {env_spec.name} on the {envs.name} backend, at most {envs.max_concurrent} live")
-    env_setup.check_env_starts(envs, env_spec, cfg)
+    env_setup.check_env_starts(envs, env_spec, cfg, log)
     policy = load_policy(cfg, log, envs.make_env)
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
     fmt = env_setup.prompt_format(cfg, policy.tokenizer)
