@@ -17,7 +17,6 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -26,8 +25,8 @@ from steprl.envs.policy import Policy
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.loop import Budgets, run_episode
-from steprl.types import EndReason, Task, Trajectory
+from steprl.rollout.loop import Budgets, creation_failed, run_episode
+from steprl.types import Task, Trajectory
 
 
 @dataclass(frozen=True)
@@ -127,7 +126,7 @@ async def play_demos(
         try:
             recorder = _Recorder(make_env(task))
         except Exception as exc:  # as rollout_groups does: the episode fails, the others go on
-            return Demonstration(chosen[index], _failed(task, index, exc))
+            return Demonstration(chosen[index], creation_failed(task, f"demo-{seed}-{index}", exc))
         engine = StrategyEngine(
             strategies[chosen[index]], task, random.Random(f"{seed}-{index}"), recorder, fmt
         )
@@ -145,8 +144,3 @@ async def play_demos(
         return Demonstration(chosen[index], trajectory)
 
     return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks))))
-
-
-def _failed(task: Task, index: int, exc: Exception) -> Trajectory:
-    info: dict[str, Any] = {"error": f"env creation failed: {type(exc).__name__}: {exc}"}
-    return Trajectory(task.id, f"demo-{index}", task.env, (), 0.0, EndReason.INFRA_FAILED, info)

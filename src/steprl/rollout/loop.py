@@ -104,6 +104,12 @@ async def run_episode(
     )
 
 
+def creation_failed(task: Task, group_id: str, exc: Exception) -> Trajectory:
+    """The trajectory of an episode whose env could not be made: `infra_failed`, no steps."""
+    info = {"error": f"env creation failed: {type(exc).__name__}: {exc}"}
+    return Trajectory(task.id, group_id, task.env, (), 0.0, EndReason.INFRA_FAILED, info)
+
+
 @dataclass(frozen=True)
 class RolloutSetup:
     """Everything an episode needs besides its task: how to make the env, the engine, the prompt
@@ -131,15 +137,7 @@ async def rollout_groups(
         try:
             env = setup.make_env(task)
         except Exception as exc:
-            return Trajectory(
-                task.id,
-                f"{seed}-{t_index}",
-                task.env,
-                (),
-                0.0,
-                EndReason.INFRA_FAILED,
-                {"error": f"env creation failed: {type(exc).__name__}: {exc}"},
-            )
+            return creation_failed(task, f"{seed}-{t_index}", exc)
         return await run_episode(
             env,
             task,
