@@ -145,7 +145,7 @@ def check_env_cmd(
         console.print(f"check-env {cfg.env.name}: {err}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     console.print(f"[green]{cfg.env.name}: ok[/green]")
-    console.print(report.summary(), markup=False, highlight=False)
+    console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
 
 
 # `steprl serve-env`: the env server. Defined in steprl.hosting.command so that LocalEnvServer can
