@@ -62,11 +62,30 @@ class SFTSection(_Section):
     seed: int = 1234
 
 
+class LoraSection(_Section):
+    """LoRA adapters (peft, the `lora` extra): the learner trains only these; the engine
+    generates with them merged into its copy of the base weights."""
+
+    r: int = Field(16, gt=0)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
 class ModelSection(_Section):
-    name: str = "tiny"  # "tiny" (embedded, built locally) or a local Hugging Face model directory
+    # "tiny" (embedded, built locally), a local Hugging Face model directory, a .gguf file, or
+    # "gemma-3-270m" (the real model of the `gemma` extra; converted once into cache_dir)
+    name: str = "tiny"
     device: str = "cpu"
-    init: Literal["sft", "scratch", "pretrained"] = "sft"  # tiny: "sft" warm-starts (cached)
+    init: Literal["sft", "scratch", "pretrained"] = "sft"  # "sft": a warm start on demonstrations (cached)
     cache_dir: str = ".cache/steprl"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # the learner's weights
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # the engine's copy; auto: = dtype
+    # how text becomes tokens: "plain" (the tiny model's BOS + text), "chat" (the tokenizer's chat
+    # template, exact multi-turn deltas), "auto" (chat when the tokenizer has a template)
+    format: Literal["auto", "plain", "chat"] = "auto"
+    chat_template: str | None = None  # a Jinja file replacing the tokenizer's template
+    lora: LoraSection | None = None  # {r, alpha, dropout, target_modules}: train adapters only
     tiny: TinySection = TinySection()
     sft: SFTSection = SFTSection()
 
@@ -108,7 +127,15 @@ class RolloutSection(_Section):
     # the demonstrations; other models: "env"), "none", "env" (the env's instructions and tool
     # list, read after reset), or any other text (used as the system prompt)
     system_prompt: str = "auto"
-    context: Literal["append_only", "keep_last_k", "drop_old_observations"] = "append_only"
+    # what the model sees of earlier turns: append_only (everything; one packed row per
+    # trajectory), keep_last_k / drop_old_observations (windows), keep_thinking (= append_only,
+    # earlier <think> kept) or strip_thinking (earlier reasoning removed, as Qwen3's template shows)
+    context: Literal[
+        "append_only", "keep_last_k", "drop_old_observations", "keep_thinking", "strip_thinking"
+    ] = "append_only"
+    # a chat template whose incremental render differs from the whole one (steprl check-template):
+    # "refuse" the run, or train "per_turn" rows (each turn on exactly the prompt it was shown)
+    template_mismatch: Literal["refuse", "per_turn"] = "refuse"
     keep_last_k: int = Field(2, ge=0)  # k for keep_last_k / drop_old_observations
     max_batch_size: int = Field(256, gt=0)  # engine batch cap
 

