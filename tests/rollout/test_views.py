@@ -4,7 +4,7 @@ import pytest
 
 from steprl.envs.registry import make_tasks
 from steprl.rollout.chat import PlainFormat
-from steprl.rollout.context import CONTEXT_RULES, AppendOnly, DropOldObservations, KeepLastK
+from steprl.rollout.context import CONTEXT_RULES, AppendOnly, DropOldObservations, KeepLastK, StripThinking
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.types import EndReason
 
@@ -59,7 +59,28 @@ def test_context_rules():
     assert KeepLastK(1).next_prompt(init, hist) == (1, 2, 30, 31)
     assert KeepLastK(0).next_prompt(init, hist) == (1, 2)
     assert DropOldObservations(1).next_prompt(init, hist) == (1, 2, 10, 20, 30, 31)
-    assert set(CONTEXT_RULES) == {"append_only", "keep_last_k", "drop_old_observations"}
+    assert set(CONTEXT_RULES) == {
+        "append_only",
+        "keep_last_k",
+        "drop_old_observations",
+        "keep_thinking",
+        "strip_thinking",
+    }
+
+
+def test_strip_thinking_cuts_reasoning_before_the_last_user_turn():
+    """Actions up to the last user turn lose everything through their last </think> (id 9) and
+    the newline ids (7) after it; later actions, and actions without reasoning, are kept."""
+    rule = StripThinking(close=(9,), blank=frozenset({7}))
+    init = (1,)
+    hist = [
+        ((5, 6, 9, 7, 7, 40), (11,), False),  # reasoning, then a call; a tool result follows
+        ((5, 9, 41), (12,), True),  # reasoning, then an answer; a user turn follows
+        ((5, 9, 7, 42), (13,), False),  # after the last user turn: kept whole
+    ]
+    assert rule.next_prompt(init, hist) == (1, 40, 11, 41, 12, 5, 9, 7, 42, 13)
+    assert rule.next_prompt(init, hist[:1]) == (1, 5, 6, 9, 7, 7, 40, 11)  # no user turn yet
+    assert StripThinking((9,), frozenset()).next_prompt(init, [((3, 4), (5,), True)]) == (1, 3, 4, 5)
 
 
 def test_no_observation_token_carries_weight_on_sampled_rollouts(sample_rollouts):

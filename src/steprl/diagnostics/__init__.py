@@ -6,6 +6,7 @@ from steprl.diagnostics.metrics import (
     mean_of,
     reward_component_means,
     rollout_metrics,
+    template_metrics,
 )
 from steprl.diagnostics.plots import plot_learning_curve
 from steprl.diagnostics.progress import TrainingProgress, print_summary_table
@@ -35,4 +36,5 @@ __all__ = [
     "read_trajectories",
     "reward_component_means",
     "rollout_metrics",
+    "template_metrics",
 ]

@@ -219,3 +219,20 @@ def mean_of(dicts: Sequence[Mapping[str, float]]) -> dict[str, float]:
         for key, value in d.items():
             sums[key].append(float(value))
     return {key: _mean(values) for key, values in sums.items()}
+
+
+def template_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """How often a harness that re-templates the conversation text every turn would have fed the
+    model different ids than the exact ones (chat formats; `info["template_match"]`, set by the
+    agent loop for multi-turn append-only episodes). Non-canonical sampled tokenizations and
+    templates that rewrite history both count.
+
+      rollout/template_checked        trajectories compared
+      rollout/template_mismatch_rate  share of them whose whole render differed (0.0 when none)
+    """
+    checked = [t.info["template_match"] for t in trajectories if "template_match" in t.info]
+    bad = sum(1 for ok in checked if not ok)
+    return {
+        "rollout/template_checked": float(len(checked)),
+        "rollout/template_mismatch_rate": bad / len(checked) if checked else 0.0,
+    }

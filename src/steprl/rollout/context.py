@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-#: (action_ids, observation_ids) for each finished step, oldest first
-History = Sequence[tuple[tuple[int, ...], tuple[int, ...]]]
+#: (action_ids, observation_ids[, query]) for each finished step, oldest first; `query` is True
+#: when the observation was a user turn rather than a tool result (what Qwen3's template keys
+#: its reasoning stripping on); absent means a tool result.
+History = Sequence[tuple[Any, ...]]
 
 
 class ContextRule(Protocol):
@@ -38,7 +40,42 @@ class AppendOnly:
     append_only: bool = True
 
     def next_prompt(self, initial: tuple[int, ...], history: History) -> tuple[int, ...]:
-        return _join(initial, [piece for a, o in history for piece in (a, o)])
+        return _join(initial, [piece for a, o, *_ in history for piece in (a, o)])
+
+
+@dataclass(frozen=True)
+class StripThinking:
+    """Earlier reasoning removed, as Qwen3's template renders history: every action before the
+    last user turn loses everything up to its last `</think>` and the newlines after it.
+
+    Exact to the token: the rule cuts the sampled ids themselves (never re-tokenizes), so the
+    prompt is what the engine is shown, and training follows it one row per turn (a later
+    prompt no longer extends an earlier one). `close` is `</think>` as ids; `blank` the ids
+    that decode to newlines only.
+    """
+
+    close: tuple[int, ...]
+    blank: frozenset[int]
+    append_only: bool = False
+
+    def _stripped(self, action: tuple[int, ...]) -> tuple[int, ...]:
+        n = len(self.close)
+        ends = [i + n for i in range(len(action) - n + 1) if action[i : i + n] == self.close]
+        if not ends:
+            return action
+        rest = action[ends[-1] :]
+        cut = 0
+        while cut < len(rest) and rest[cut] in self.blank:
+            cut += 1
+        return rest[cut:]
+
+    def next_prompt(self, initial: tuple[int, ...], history: History) -> tuple[int, ...]:
+        queries = [i for i, item in enumerate(history) if len(item) > 2 and item[2]]
+        last_query = queries[-1] if queries else -1
+        pieces: list[tuple[int, ...]] = []
+        for i, (a, o, *_) in enumerate(history):
+            pieces += [self._stripped(a) if i <= last_query else a, o]
+        return _join(initial, pieces)
 
 
 @dataclass(frozen=True)
@@ -50,7 +87,7 @@ class KeepLastK:
 
     def next_prompt(self, initial: tuple[int, ...], history: History) -> tuple[int, ...]:
         recent = history[-self.k :] if self.k > 0 else []
-        return _join(initial, [piece for a, o in recent for piece in (a, o)])
+        return _join(initial, [piece for a, o, *_ in recent for piece in (a, o)])
 
 
 @dataclass(frozen=True)
@@ -64,13 +101,28 @@ class DropOldObservations:
     def next_prompt(self, initial: tuple[int, ...], history: History) -> tuple[int, ...]:
         cut = len(history) - self.k
         return _join(
-            initial, [piece for i, (a, o) in enumerate(history) for piece in (a, o if i >= cut else ())]
+            initial, [piece for i, (a, o, *_) in enumerate(history) for piece in (a, o if i >= cut else ())]
         )
 
 
-#: name -> factory taking `k` (ignored by append_only). The config picks one by name.
-CONTEXT_RULES: dict[str, Callable[[int], ContextRule]] = {
-    "append_only": lambda k: AppendOnly(),
-    "keep_last_k": lambda k: KeepLastK(k),
-    "drop_old_observations": lambda k: DropOldObservations(k),
+class ThinkTokens(Protocol):
+    """What `strip_thinking` needs of a prompt format: `</think>` and newline tokens as ids."""
+
+    def think_close_ids(self) -> tuple[int, ...]: ...
+
+    def newline_ids(self) -> frozenset[int]: ...
+
+
+def _strip_thinking(k: int, fmt: ThinkTokens) -> ContextRule:
+    return StripThinking(fmt.think_close_ids(), fmt.newline_ids())
+
+
+#: name -> factory taking `k` (ignored where it means nothing) and the prompt format (whose ids
+#: `strip_thinking` cuts at). The config picks one by name.
+CONTEXT_RULES: dict[str, Callable[[int, ThinkTokens], ContextRule]] = {
+    "append_only": lambda k, fmt: AppendOnly(),
+    "keep_thinking": lambda k, fmt: AppendOnly(),  # append-only: earlier <think> stays in context
+    "strip_thinking": _strip_thinking,
+    "keep_last_k": lambda k, fmt: KeepLastK(k),
+    "drop_old_observations": lambda k, fmt: DropOldObservations(k),
 }

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from steprl.envs.base import Env, EnvTimeout, Transition, maybe_await
-from steprl.rollout.chat import PromptFormat
+from steprl.rollout.chat import PromptFormat, tool_schemas
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
 from steprl.types import NOT_TRAINABLE, EndReason, Group, Step, Task, Trajectory
@@ -50,12 +50,15 @@ async def run_episode(
 ) -> Trajectory:
     """Run one episode to its end and return it as a frozen Trajectory (never raises)."""
     steps: list[Step] = []
-    history: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    history: list[tuple[tuple[int, ...], tuple[int, ...], bool]] = []
+    messages: list[dict[str, str]] = []  # the conversation as text: for the template check only
     end = EndReason.TRUNCATED
     info: dict[str, object] = {}
     try:
         first = await maybe_await(env.reset(task, seed))
-        initial = fmt.initial_ids(env.system_prompt, first.text)
+        tools = tool_schemas(getattr(env, "tools", None))  # read after reset: MCP lists them then
+        initial = fmt.initial_ids(env.system_prompt, first.text, tools)
+        messages.append({"role": "user", "content": first.text})
         stop_ids, stop_seqs = fmt.stop_tokens(env.stop_strings)
         for _turn in range(budgets.max_turns):
             prompt = rule.next_prompt(initial, history)
@@ -68,9 +71,20 @@ async def run_episode(
                 replace(sampling, max_new_tokens=room, stop_token_ids=stop_ids, stop_sequences=stop_seqs),
                 seed=seed * 1_000_003 + _turn,  # per turn: rollouts do not depend on env timing
             )
-            transition = await maybe_await(env.step(fmt.decode(gen.token_ids)))
+            action_text = fmt.decode(gen.token_ids)
+            transition = await maybe_await(env.step(action_text))
             reason = _end_reason(transition)
-            obs_ids = fmt.observation_ids(transition.observation) if transition.observation else ()
+            # the env's reply to an answer is a user turn; to a call (or a malformed one), a tool result
+            tool_result = transition.info.get("action_kind") != "answer"
+            obs_ids = (
+                fmt.observation_ids(transition.observation, action_ids=gen.token_ids, tool_result=tool_result)
+                if transition.observation
+                else ()
+            )
+            messages += [
+                {"role": "assistant", "content": action_text},
+                {"role": "tool" if tool_result else "user", "content": transition.observation},
+            ]
             steps.append(
                 Step(
                     prompt_ids=prompt,
@@ -82,10 +96,14 @@ async def run_episode(
                     info={**transition.info, "finish_reason": gen.finish_reason},
                 )
             )
-            history.append((gen.token_ids, obs_ids))
+            history.append((gen.token_ids, obs_ids, not tool_result))
             if reason is not None:
                 end = reason
                 break
+        if rule.append_only and len(steps) > 1 and hasattr(fmt, "rerender_ids"):
+            # would a harness that re-templates the text every turn have shown the same ids?
+            whole = fmt.rerender_ids(env.system_prompt, messages[: 2 * len(steps) - 1], tools)
+            info["template_match"] = whole == steps[-1].prompt_ids
     except Exception as exc:  # env/engine bug, outage or deadline: counted, excluded from the loss
         end = EndReason.ENV_TIMEOUT if isinstance(exc, EnvTimeout) else EndReason.INFRA_FAILED
         info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
