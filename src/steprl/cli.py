@@ -148,6 +148,58 @@ def check_env_cmd(
     console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
 
 
+@app.command("check-template")
+def check_template_cmd(
+    model: str = typer.Argument(
+        ...,
+        help="What model.name takes: tiny, qwen3-testbed, gemma-3-270m, a HF directory or a .gguf file.",
+    ),
+    conversations: Path | None = typer.Option(
+        None, help='A JSONL file of {"tools": [...], "messages": [...]} conversations to check instead.'
+    ),
+    chat_template: Path | None = typer.Option(
+        None, help="A Jinja chat template to check instead of the tokenizer's."
+    ),
+    context: str | None = typer.Option(
+        None, help="Only this context rule (append_only, keep_thinking, strip_thinking)."
+    ),
+    cache_dir: str = typer.Option(
+        ".cache/steprl", help="Where converted models are cached (model.cache_dir)."
+    ),
+) -> None:
+    """Render multi-turn tool conversations incrementally (as the agent loop does) and whole, and
+    report the first token where they differ, with the decoded context. Exit 1 on an
+    unexpected difference."""
+    from steprl.training.template_cli import run_checks
+
+    if context is not None and context not in ("append_only", "keep_thinking", "strip_thinking"):
+        from steprl.config import ConfigError
+
+        raise ConfigError(
+            f"--context={context!r}; allowed values: append_only, keep_thinking, strip_thinking"
+        )
+    results = run_checks(
+        model,
+        conversations=str(conversations) if conversations else None,
+        chat_template=str(chat_template) if chat_template else None,
+        context=context,
+        cache_dir=cache_dir,
+        log=lambda m: console.print(m, markup=False, highlight=False),
+    )
+    failed = False
+    for label, report, expected in results:
+        verdict = ("expected break: " if expected and not report.ok else "") + report.summary()
+        if expected and report.ok:
+            verdict += " (a break was expected here: this template keeps earlier reasoning)"
+        console.print(f"{label}\n  {verdict}", markup=False, highlight=False, soft_wrap=True)
+        failed |= not report.ok and not expected
+    console.print(
+        f"check-template {model}: " + ("FAIL" if failed else "ok"), style="red" if failed else "green"
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
 # `steprl serve-env`: the env server. Defined in steprl.hosting.command so that LocalEnvServer can
 # start it as `python -m steprl.hosting` without importing torch.
 app.command("serve-env")(serve_env)

@@ -20,7 +20,8 @@ from steprl.envs.registry import EnvSpec, get_spec, load_plugins
 from steprl.errors import UserError
 from steprl.hosting.backend import make_backend
 from steprl.hosting.pool import EnvPool
-from steprl.rollout.chat import PlainFormat
+from steprl.rollout.chat import PlainFormat, PromptFormat
+from steprl.rollout.chat_format import ChatFormat
 
 
 class EnvStartError(UserError):
@@ -64,8 +65,53 @@ def system_prompt_mode(cfg: Config) -> str:
     return mode
 
 
-def prompt_format(cfg: Config, tokenizer: Any) -> PlainFormat:
+def prompt_format(cfg: Config, tokenizer: Any) -> PromptFormat:
+    """`model.format`: "chat" (the tokenizer's template, exact deltas), "plain" (BOS + text), or
+    "auto": chat when the tokenizer has a template (the tiny one has none)."""
+    kind = cfg.model.format
+    if kind == "auto":
+        kind = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+    if kind == "chat":
+        return ChatFormat(tokenizer, system_prompt=system_prompt_mode(cfg))
     return PlainFormat(tokenizer, system_prompt=system_prompt_mode(cfg))
+
+
+class TemplateMismatch(UserError):
+    """The chat template does not render incrementally as it renders whole (see check-template)."""
+
+
+#: Context rules whose rows follow the incremental stream: the ones the template check is for.
+_CHECKED_RULES = ("append_only", "keep_thinking", "strip_thinking")
+
+
+def check_prompt_format(fmt: PromptFormat, cfg: Config, log: Callable[[str], None] = print) -> bool:
+    """Run the template checker for the run's context rule before any work. Returns True when
+    training must use one row per turn: the check failed and `rollout.template_mismatch` is
+    "per_turn". A failed check is refused otherwise, in one line saying where and what to set."""
+    from steprl.rollout.template_check import check_template, startup_conversations
+
+    ctx = cfg.rollout.context
+    if not isinstance(fmt, ChatFormat) or ctx not in _CHECKED_RULES:
+        return False
+    report = check_template(fmt, startup_conversations(ctx), context=ctx)
+    log(f"chat template check: {report.summary()}")
+    if report.ok:
+        return False
+    if cfg.rollout.template_mismatch == "per_turn":
+        log(
+            "  rollout.template_mismatch=per_turn: training one row per turn, each on the prompt it was shown"
+        )
+        return True
+    raise TemplateMismatch(
+        f"the chat template of {cfg.model.name!r} fails the incremental-render check "
+        f"({report.breaks[0].describe()}); set rollout.template_mismatch=per_turn to train one row "
+        "per turn on exactly what the engine was shown, or fix the template (model.chat_template)"
+        + (
+            "; for a template that strips earlier reasoning use rollout.context=strip_thinking"
+            if ctx != "strip_thinking"
+            else ""
+        )
+    )
 
 
 def check_env_starts(envs: EnvPool, spec: EnvSpec, cfg: Config, log: Callable[[str], None] = print) -> None:

@@ -32,12 +32,13 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
         seed=cfg.run.seed,
     )
     eval_tasks = list(islice(spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), tasks))
+    fmt = env_setup.prompt_format(cfg, tokenizer)
     with env_setup.env_pool(cfg) as envs:
         setup = RolloutSetup(
             make_env=envs.make_env,
             engine=engine,
-            fmt=env_setup.prompt_format(cfg, tokenizer),
-            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
+            fmt=fmt,
+            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt),
             sampling=SamplingParams(temperature=temperature),
             budgets=Budgets(
                 cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens

@@ -1,0 +1,100 @@
+"""`steprl check-template MODEL`: the template checker on a model's tokenizer, from the shell.
+
+MODEL is what `model.name` takes: "tiny" (the plain format: the tiny model has no template),
+"qwen3-testbed" (the real Qwen3 tokenizer and template), "gemma-3-270m", a Hugging Face model
+directory, or a `.gguf` file. Only the tokenizer is loaded (and for a GGUF or gemma-3-270m, the
+one-time conversion runs if it has not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from steprl.models import qwen3_testbed, tiny
+from steprl.models.sources import (
+    GEMMA_NAME,
+    MARKER,
+    check_hf_dir,
+    gemma_dir,
+    gguf_cache_dir,
+    load_pretrained,
+    read_chat_template,
+)
+from steprl.rollout.chat import PlainFormat, PromptFormat
+from steprl.rollout.chat_format import ChatFormat
+from steprl.rollout.template_check import (
+    TemplateReport,
+    check_template,
+    load_conversations,
+    standard_checks,
+)
+
+
+def load_tokenizer(name: str, cache_dir: str, log: Callable[[str], None]) -> Any:
+    """The tokenizer `model.name=name` would train with."""
+    from transformers import AutoTokenizer
+
+    if name == "tiny":
+        return tiny.build_tokenizer()
+    if name == qwen3_testbed.NAME:
+        return qwen3_testbed.load_tokenizer()
+    if name == GEMMA_NAME:
+        return AutoTokenizer.from_pretrained(gemma_dir(Path(cache_dir), log))
+    path = Path(name).expanduser()
+    if (
+        path.is_file()
+        and path.suffix == ".gguf"
+        and (gguf_cache_dir(path, Path(cache_dir)) / MARKER).exists()
+    ):
+        return AutoTokenizer.from_pretrained(gguf_cache_dir(path, Path(cache_dir)))
+    if path.is_dir():
+        check_hf_dir(path)
+        return AutoTokenizer.from_pretrained(path)
+    # a .gguf not converted yet, or a bad name: the model loader converts or says what is wrong
+    return load_pretrained(
+        name, dtype="float32", device="cpu", cache_dir=cache_dir, chat_template=None, log=log
+    ).tokenizer
+
+
+def format_for(tokenizer: Any, kind: str = "auto") -> PromptFormat:
+    if kind == "auto":
+        kind = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+    if kind == "chat":
+        return ChatFormat(tokenizer, system_prompt="env")
+    return PlainFormat(tokenizer, system_prompt="env")
+
+
+def run_checks(
+    name: str,
+    *,
+    conversations: str | None = None,
+    chat_template: str | None = None,
+    context: str | None = None,
+    cache_dir: str = ".cache/steprl",
+    log: Callable[[str], None] = print,
+) -> list[tuple[str, TemplateReport, bool]]:
+    """(label, report, whether a break was expected) per check. With `conversations`, the file's
+    conversations under `context` (default keep_thinking); without, the standard checks."""
+    tokenizer = load_tokenizer(name, cache_dir, log)
+    if chat_template:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    fmt = format_for(tokenizer)
+    if conversations is not None:
+        ctx = context or "keep_thinking"
+        return [
+            (
+                f"{conversations}, {ctx}",
+                check_template(fmt, load_conversations(conversations), context=ctx),
+                False,
+            )
+        ]
+    checks = standard_checks()
+    if isinstance(fmt, PlainFormat):  # no template: nothing strips reasoning, so only the first two apply
+        checks = checks[:2]
+    if context is not None:
+        checks = [c for c in checks if c[1] == context]
+    return [
+        (label, check_template(fmt, convs, context=ctx), expected) for label, ctx, convs, expected in checks
+    ]
