@@ -1,4 +1,5 @@
-"""Build or load the policy: the embedded tiny model (SFT warm start, cached) or a local HF model."""
+"""Build or load the policy: the embedded tiny model (SFT warm start, cached) or a pretrained model
+(a HF directory, a .gguf file, gemma-3-270m: steprl/models/sources.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env
 from steprl.models import tiny
+from steprl.models.sources import check_device_dtype, load_pretrained
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
@@ -33,6 +35,7 @@ class Policy:
     model: Any  # a transformers causal LM
     tokenizer: Any
     source: str  # where the weights came from (cache dir, fresh SFT, HF dir)
+    base_name: str = ""  # a pretrained base: what model.name loads it again (see models/sources.py)
 
 
 def sft_cache_dir(cfg: Config) -> Path:
@@ -69,14 +72,18 @@ def load_policy(
     """The policy `model.name` and `model.init` ask for. A fresh SFT warm start plays its
     demonstrations on envs from `make_env` (the run's env pool: any backend)."""
     if cfg.model.name != "tiny":
-        path = Path(cfg.model.name)
-        if not path.exists():
-            raise FileNotFoundError(
-                f"model.name={cfg.model.name!r} is neither 'tiny' nor a local directory; weights cannot "
-                "be downloaded at run time here, so point model.name at a saved Hugging Face model."
-            )
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return Policy(model, AutoTokenizer.from_pretrained(path), str(path))
+        m = cfg.model
+        if m.engine_dtype not in ("auto", m.dtype):  # the engine's copy must fit the device too
+            check_device_dtype(m.device, m.engine_dtype)
+        loaded = load_pretrained(
+            m.name,
+            dtype=m.dtype,
+            device=m.device,
+            cache_dir=m.cache_dir,
+            chat_template=m.chat_template,
+            log=log,
+        )
+        return Policy(loaded.model, loaded.tokenizer, loaded.source, loaded.base_name)
 
     cache = sft_cache_dir(cfg)
     if cfg.model.init == "sft" and (cache / "config.json").exists():
