@@ -32,6 +32,11 @@ class PromptFormat(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def template_ids(self, text: str) -> tuple[int, ...]:
+        """Format text as the tokenizer reads it, control tokens included: for the format's own
+        text and scripted demonstration actions, never for env text."""
+        ...
+
     def think_close_ids(self) -> tuple[int, ...]:
         """`</think>` as ids (what `rollout.context=strip_thinking` cuts at)."""
         ...

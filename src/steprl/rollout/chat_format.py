@@ -155,10 +155,9 @@ class ChatFormat:
         head, sep, tail = delta.partition(mark)
         if not sep:
             raise ChatTemplateError(f"the chat template drops the text of a {role} message")
+        # the mark was sent as " \n<mark>\n ": a template that trims content rendered it bare
         trims = not (head.endswith(" \n") and tail.startswith("\n "))
-        if trims:
-            head, tail = head.rstrip(" \n"), tail.lstrip("\n ")
-        else:
+        if not trims:
             head, tail = head[: -len(" \n")], tail[len("\n ") :]
         controls = self.text.controls_in(self.template_ids(head)) + self.text.controls_in(
             self.template_ids(tail)

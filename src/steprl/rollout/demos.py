@@ -88,7 +88,8 @@ class StrategyEngine:
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
     ) -> Generation:
         action = self.policy(self.task, list(self.recorder.history), self.rng)
-        ids = tuple(self.fmt.observation_ids(action))  # demo actions are text: encoded once, here
+        # demo actions are text: encoded once, here, as a model would write them (tags as tokens)
+        ids = tuple(self.fmt.template_ids(action))
         if len(ids) > sampling.max_new_tokens:  # cut where the model's turn would be cut
             ids = ids[: sampling.max_new_tokens]
             self.recorder.pending = None  # the env gets (and the history keeps) the cut text

@@ -192,7 +192,7 @@ def builtin_conversations(*, thinking: bool = False, later_query: bool = False) 
         return f"<think>\n{text}\n</think>\n\n{body}" if thinking else body
 
     system = {"role": "system", "content": "You are a careful assistant. Use the tools."}
-    chain = {
+    chain: dict[str, Any] = {
         "tools": [_CALC],
         "messages": [
             system,
@@ -209,7 +209,7 @@ def builtin_conversations(*, thinking: bool = False, later_query: bool = False) 
             {"role": "tool", "content": "<error>unknown tool 'calc' in tag style</error>"},
         ],
     }
-    tags = {
+    tags: dict[str, Any] = {
         "messages": [
             {"role": "user", "content": "Compute 7*6."},
             {"role": "assistant", "content": "<calc>7*6</calc>"},
@@ -218,7 +218,7 @@ def builtin_conversations(*, thinking: bool = False, later_query: bool = False) 
             {"role": "user", "content": "Wrong, try again."},
         ],
     }
-    convs = [chain] if thinking else [chain, tags]
+    convs: list[dict[str, Any]] = [chain] if thinking else [chain, tags]
     if later_query:
         convs.append(
             {
