@@ -37,6 +37,7 @@ from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 
@@ -105,7 +106,7 @@ class RolloutWorker:
     def rollout(self, tasks: Sequence[Task], group_size: int, seed: int, first_index: int) -> list[Group]:
         return asyncio.run(rollout_groups(tasks, group_size, self.setup, seed=seed, first_index=first_index))
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
         self.engine.update_weights(state_dict, version)
 
     def reseed(self, seed: int) -> None:
@@ -205,9 +206,17 @@ class RayRolloutPool:
                 self._replace(k, type(exc).__name__)
         return groups
 
-    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Push new weights to every worker (serialised once with `ray.put`)."""
-        self._weights_ref = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
+        """Push new weights to every worker (serialised once with `ray.put`). With LoRA, an
+        `AdapterUpdate` (adapters only); each worker merges it into its base copy. A rebuilt
+        worker starts from the base and gets the latest update, which is all it needs: merges
+        are from W0, not cumulative."""
+        payload: Mapping[str, torch.Tensor] | AdapterUpdate = (
+            state_dict.to("cpu")
+            if isinstance(state_dict, AdapterUpdate)
+            else {k: v.detach().cpu() for k, v in state_dict.items()}
+        )
+        self._weights_ref = ray.put(payload)
         self._version = version
         self._broadcast("update_weights", lambda k: (self._weights_ref, version))
 

@@ -1,4 +1,8 @@
-"""Checkpoints: model + tokenizer (HF format), optimizer, step, policy version and RNG state."""
+"""Checkpoints: model + tokenizer (HF format), optimizer, step, policy version and RNG state.
+
+With LoRA the model part is the adapters (`adapter_model.safetensors` + `adapter_config.json`,
+which names the base; `training/lora.py: save_adapters`) and the optimizer state is the adapters'.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from steprl.training.lora import is_adapter_checkpoint, is_peft, load_adapter_checkpoint, save_adapters
 
 
 def save_checkpoint(
@@ -23,7 +29,10 @@ def save_checkpoint(
     """Write to a temp dir, then rename: a crash mid-save never leaves a half checkpoint."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp)
+    if is_peft(model):
+        save_adapters(model, tmp, path)
+    else:
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save(
         {
@@ -47,3 +56,13 @@ def save_checkpoint(
     else:
         tmp.rename(path)
     return path
+
+
+def load_checkpoint_model(path: Path, dtype: torch.dtype = torch.float32) -> Any:
+    """The policy of a checkpoint as a plain `transformers` model, ready to generate: a full
+    checkpoint as saved; a LoRA one as its named base with the adapters merged in."""
+    if is_adapter_checkpoint(path):
+        return load_adapter_checkpoint(path, merged=True, dtype=dtype)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

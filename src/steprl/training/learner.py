@@ -14,9 +14,11 @@ import torch
 
 from steprl.algorithms.inputs import PolicyLossInputs
 from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
+from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.views import Sample
 from steprl.training.batching import Batch, collate, minibatches, token_logprobs
 from steprl.training.critic import ValueHead, collate_values
+from steprl.training.lora import adapter_update, is_peft
 
 PolicyLoss = Callable[[PolicyLossInputs], PolicyLossOutput]
 
@@ -68,11 +70,17 @@ class Learner:
         self.reg = regularizers
         self.ref_model = ref_model.to(device).eval() if ref_model is not None else None
         self.value_head = value_head.to(device) if value_head is not None else None
-        params = list(model.parameters()) + (list(value_head.parameters()) if value_head is not None else [])
+        # only what requires grad: with LoRA the base is frozen and the optimizer holds the adapters
+        params = [p for p in model.parameters() if p.requires_grad]
+        params += list(value_head.parameters()) if value_head is not None else []
         self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
-    def state_dict_for_engine(self) -> dict[str, torch.Tensor]:
+    def state_dict_for_engine(self) -> dict[str, torch.Tensor] | AdapterUpdate:
+        """What the engines need for the current policy: the full weights, or with LoRA only the
+        adapters (the engines merge them into their copy of the base)."""
+        if is_peft(self.model):
+            return adapter_update(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     @torch.no_grad()

@@ -46,6 +46,7 @@ from steprl.training.checkpoint import save_checkpoint
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.evaluate import evaluate
 from steprl.training.learner import Learner, Regularizers
+from steprl.training.lora import AdaptersDisabled, apply_lora
 from steprl.training.policy import load_policy
 from steprl.training.step_parts import (
     collect_groups,
@@ -92,6 +93,12 @@ def _train(
     env_setup.check_env_starts(envs, env_spec, cfg, log)
     policy = load_policy(cfg, log, envs.make_env)
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
+    # ---- LoRA (model.lora): the learner trains adapters on the frozen base; the engines keep a
+    # plain copy of the base and merge each adapter update into it (training/lora.py) ----------
+    engine_model = copy.deepcopy(policy.model)  # taken before peft injects its layers
+    if cfg.model.lora is not None:
+        policy.model = apply_lora(policy.model, cfg.model.lora, log)
+    # ---- end LoRA -----------------------------------------------------------------------------
     fmt = env_setup.prompt_format(cfg, policy.tokenizer)
     rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k)
     # append-only context: one packed sequence per trajectory; other rules: one row per step
@@ -101,7 +108,7 @@ def _train(
     eval_sampling = SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
     engine = HFEngine(
-        copy.deepcopy(policy.model),
+        engine_model,
         eos_token_id=policy.tokenizer.eos_token_id,
         pad_token_id=policy.tokenizer.pad_token_id,
         device=cfg.model.device,
@@ -110,8 +117,13 @@ def _train(
     )
     algo = cfg.algorithm
     loss_spec = POLICY_LOSSES[algo.policy_loss]
-    # a frozen copy of the initial policy, only when a KL term needs it
-    ref_model = copy.deepcopy(policy.model).eval() if algo.kl_coef > 0 else None
+    # a frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the base
+    # with the adapters switched off)
+    ref_model = (
+        (AdaptersDisabled(policy.model) if cfg.model.lora else copy.deepcopy(policy.model)).eval()
+        if algo.kl_coef > 0
+        else None
+    )
     # the KL coefficient of the reward: fixed, or adapted after every step (algorithm.kl_ctrl)
     kl_ctl = AdaptiveKLController(algo.kl_coef, algo.kl_target, algo.kl_horizon)
     value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
@@ -167,7 +179,7 @@ def _train(
         from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 
         remote = RayRolloutPool(
-            policy.model,
+            engine_model,  # a plain model (LoRA: the base; adapter updates are merged into it)
             fmt,
             pad_token_id=policy.tokenizer.pad_token_id,
             num_workers=cfg.runtime.rollout_workers,

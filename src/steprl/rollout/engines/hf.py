@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from steprl.rollout.engines.base import Generation, SamplingParams
+from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
 
 
 @dataclass
@@ -119,6 +120,7 @@ class HFEngine:
         self._batcher: asyncio.Task[None] | None = None
         self.tokens_generated = 0
         self.forward_passes = 0
+        self._lora: LoraMerger | None = None  # holds W0 once adapter updates arrive (LoRA)
 
     @property
     def version(self) -> int:
@@ -129,9 +131,20 @@ class HFEngine:
         self.seed = seed
         self.generator.manual_seed(seed)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new policy weights (in place; shapes must match) and bump the policy version."""
-        self.model.load_state_dict(state_dict)
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
+        """Load new policy weights in place and bump the policy version.
+
+        A full state dict replaces the weights (shapes must match). An `AdapterUpdate` (LoRA)
+        merges the adapters into this plain copy: W = W0 + scaling * B @ A, from the base
+        weights W0 kept at the first adapter update, so updates never accumulate.
+        """
+        if isinstance(state_dict, AdapterUpdate):
+            if self._lora is None:
+                self._lora = LoraMerger(self.model)
+            self._lora.apply(state_dict)
+        else:
+            self.model.load_state_dict(state_dict)
+            self._lora = None  # new base weights: a later adapter update merges into these
         self._version = version
 
     async def generate(
