@@ -1,12 +1,17 @@
-"""Collating training rows into right-padded, target-aligned tensors."""
+"""Collating training rows into right-padded, target-aligned tensors; chunked token log-probs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
+from steprl.errors import UserError
 from steprl.rollout.views import Sample
 
 
@@ -66,21 +71,213 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
     )
 
 
+#: Size of one fp32 (chunk, V) logits block. The head's live memory is a small multiple of it
+#: (logits, log-probs, probabilities; their grads during a chunk's backward recompute).
+CHUNK_BYTES = 64 * 2**20
+
+
+def last_hidden(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (B, T, H) of a causal LM, after its final norm, without (B, T, V) logits.
+
+    `logits_to_keep=1` makes the model apply its head to the last position only, and transformers
+    ties `hidden_states[-1]` to the normed `last_hidden_state`. The one logits row that comes back
+    checks that `head_logits` reproduces the model's own logits: a model that post-processes them
+    in another way (a logit scale, a missing norm) fails loudly instead of training on wrong
+    log-probs.
+    """
+    out = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True, logits_to_keep=1)
+    hidden = out.hidden_states[-1]
+    with torch.no_grad():
+        _check_head(model, hidden[:, -1], out.logits[:, -1])
+    return hidden
+
+
+def head_logits(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden (N, H) -> fp32 logits (N, V), as the model's forward makes them (soft-cap included).
+
+    fp32 weights even for a bf16 model, so log-probs are fp32 like the engine's `.float()` logits.
+    """
+    hf: Any = model  # a transformers model, a peft wrapper or anything exposing the same two
+    head = hf.get_output_embeddings()
+    cap = getattr(_text_config(model), "final_logit_softcapping", None)  # Gemma 2/3: cap * tanh(z / cap)
+    if isinstance(head, nn.Linear):
+
+        def linear(h: torch.Tensor) -> torch.Tensor:
+            # .float() is the parameter itself for fp32 models; a bf16 head is cast per call so
+            # each recompute in the backward builds its own graph to the parameter
+            bias = head.bias.float() if head.bias is not None else None
+            return F.linear(h.float(), head.weight.float(), bias)
+    else:  # e.g. a peft LoRA layer on lm_head: only its own forward knows the adapter
+
+        def linear(h: torch.Tensor) -> torch.Tensor:
+            return head(h).float()
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        z = linear(h)
+        return torch.tanh(z / cap) * cap if cap else z
+
+    return logits
+
+
+def _text_config(model: nn.Module) -> Any:
+    """The language model's config (a multimodal config keeps it under `text_config`)."""
+    cfg: Any = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _check_head(model: nn.Module, hidden: torch.Tensor, model_logits: torch.Tensor) -> None:
+    """hidden (B, H), model_logits (B, V): raise unless head_logits(hidden) == the model's logits."""
+    hf: Any = model
+    head = hf.get_output_embeddings()
+    if not isinstance(head, nn.Linear) and head.training:
+        return  # a head with its own forward may draw dropout: two calls need not agree
+    ours = head_logits(model)(hidden)
+    theirs = model_logits.float()
+    fp32 = hidden.dtype == torch.float32 and model_logits.dtype == torch.float32
+    tol = (1e-4 if fp32 else 2e-2) * (1.0 + float(theirs.abs().max()))  # bf16 logits: ~3 digits
+    err = float((ours - theirs).abs().max())
+    if err > tol:
+        raise UserError(
+            f"{type(model).__name__}: get_output_embeddings() on hidden_states[-1] does not give the "
+            f"model's own logits (max difference {err:.3g}); its forward post-processes logits in a "
+            "way steprl's chunked log-probs (training/batching.py) do not know"
+        )
+
+
+def _chunk_stats(
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    temperature: float,
+    h: torch.Tensor,
+    targets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h (c, H), targets (c,) -> log-prob of each target and entropy, (c,) each, fp32."""
+    logits = logits_of(h)
+    if temperature > 0:  # same order as the engine: the model's (capped) logits, then / T
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+class _ChunkStats(torch.autograd.Function):
+    """`_chunk_stats` that keeps only its (c,) outputs and h for the backward pass.
+
+    The backward recomputes the chunk's logits and writes the softmax gradients in closed form:
+    d logp_t / dz = onehot(t) - p and d H / dz = -p * (log p + H), z = logits / T. Generic
+    activation checkpointing would recompute every tensor the forward saved, and keep those of
+    an unused output (the entropy, when only log-probs are trained) alive until the whole
+    backward ends: about two (c, V) tensors per chunk, i.e. the (N, V) memory this avoids.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, logits_of: Any, temperature: float, h: torch.Tensor, targets: torch.Tensor, *params: Any
+    ) -> Any:
+        ctx.set_materialize_grads(False)
+        ctx.logits_of, ctx.temperature = logits_of, temperature
+        ctx.rng = _rng_state(h.device)  # a head with dropout draws the same mask in backward
+        logp, entropy = _chunk_stats(logits_of, temperature, h, targets)
+        ctx.save_for_backward(h, targets, entropy, *params)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None) -> Any:
+        h, targets, entropy, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad[4:]
+        with torch.enable_grad(), _rng_restored(h.device, ctx.rng):
+            h_in = h.detach().requires_grad_(ctx.needs_input_grad[2])
+            logits = ctx.logits_of(h_in)  # a fresh graph from h and the head's parameters
+        t = ctx.temperature if ctx.temperature > 0 else 1.0
+        with torch.no_grad():
+            logp_all = torch.log_softmax(logits.detach() / t, dim=-1)
+            p = logp_all.exp()
+            grad = torch.zeros_like(p)
+            if g_logp is not None:
+                grad -= p * g_logp[:, None]
+                grad.scatter_add_(1, targets[:, None], g_logp[:, None])
+            if g_ent is not None:
+                grad -= (logp_all + entropy[:, None]) * p * g_ent[:, None]
+            grad /= t
+        del logp_all, p
+        wanted = [h_in] if ctx.needs_input_grad[2] else []
+        wanted += [x for x, need in zip(params, needs, strict=True) if need]
+        grads = iter(torch.autograd.grad(logits, wanted, grad, allow_unused=True) if wanted else ())
+        grad_h = next(grads) if ctx.needs_input_grad[2] else None
+        return None, None, grad_h, None, *(next(grads) if need else None for need in needs)
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+@contextlib.contextmanager
+def _rng_restored(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> Iterator[None]:
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], device)
+        yield
+
+
+def logprobs_at(
+    model: nn.Module,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each next token and predictive entropy, only where `mask` is set.
+
+    hidden: (B, T, H) from `last_hidden`; input_ids: (B, T); mask: (B, T-1), target-aligned.
+    Returns logp, entropy: (B, T-1) fp32, 0 off the mask. The N selected positions go through the
+    head `chunk_size` rows at a time (default: a (chunk, V) fp32 block of CHUNK_BYTES) and the
+    backward recomputes each chunk (`_ChunkStats`), so neither pass holds more than one chunk's
+    (chunk, V) tensors; gradients reach the model through `hidden` and the head's parameters.
+    """
+    sel = mask > 0
+    h = hidden[:, :-1][sel]  # (N, H)
+    targets = input_ids[:, 1:][sel]  # (N,)
+    logits_of = head_logits(model)
+    hf: Any = model
+    head = hf.get_output_embeddings()
+    vocab = int(_text_config(model).vocab_size)
+    size = chunk_size or max(1, CHUNK_BYTES // (4 * vocab))
+    params = [p for p in head.parameters() if p.requires_grad]
+    parts = []
+    # an empty selection still runs one (0, H) chunk so the result stays in the autograd graph
+    for i in range(0, h.shape[0], size) if h.shape[0] else [0]:
+        args = (logits_of, temperature, h[i : i + size], targets[i : i + size])
+        if torch.is_grad_enabled():
+            parts.append(_ChunkStats.apply(*args, *params))
+        else:
+            parts.append(_chunk_stats(*args))
+    zeros = torch.zeros(sel.shape, dtype=torch.float32, device=hidden.device)
+    logp = zeros.masked_scatter(sel, torch.cat([p[0] for p in parts]))
+    entropy = zeros.masked_scatter(sel, torch.cat([p[1] for p in parts]))
+    return logp, entropy
+
+
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, temperature: float = 1.0
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    mask: torch.Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token and the entropy of each predictive distribution.
 
-    Same numerics as the engine: fp32 logits divided by the sampling temperature. Returns
-    logp, entropy: (B, T-1).
+    Same numerics as the engine: fp32 logits divided by the sampling temperature. input_ids,
+    attention: (B, T); mask: (B, T-1) positions wanted (default: every real target). Returns
+    logp, entropy: (B, T-1), 0 off the mask. No (B, T, V) tensor is made (`logprobs_at`).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1, :].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    hidden = last_hidden(model, input_ids, attention)
+    wanted = attention[:, 1:] > 0 if mask is None else mask
+    return logprobs_at(model, hidden, input_ids, wanted, temperature, chunk_size)
 
 
 def minibatches(n: int, num: int, generator: torch.Generator) -> list[list[int]]:

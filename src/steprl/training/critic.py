@@ -33,8 +33,11 @@ class ValueHead(nn.Module):
 
 
 def hidden_states(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """Last-layer hidden states (B, T, H) of a transformers causal LM."""
-    out = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True)
+    """Last-layer hidden states (B, T, H) of a transformers causal LM.
+
+    `logits_to_keep=1`: the value head never reads logits, so the LM head runs on one position
+    instead of making a (B, T, V) tensor."""
+    out = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True, logits_to_keep=1)
     return out.hidden_states[-1]
 
 

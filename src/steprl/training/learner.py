@@ -16,7 +16,7 @@ from steprl.algorithms.inputs import PolicyLossInputs
 from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
 from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.views import Sample
-from steprl.training.batching import Batch, collate, minibatches, token_logprobs
+from steprl.training.batching import Batch, collate, last_hidden, logprobs_at, minibatches, token_logprobs
 from steprl.training.critic import ValueHead, collate_values
 from steprl.training.lora import adapter_update, is_peft
 
@@ -87,13 +87,16 @@ class Learner:
     def _token_stats(
         self, samples: Sequence[Sample], model: torch.nn.Module | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-sample (len-1,) target-aligned (log-probs, entropies) under `model` (default: policy)."""
+        """Per-sample (len-1,) target-aligned (log-probs, entropies) under `model` (default: policy).
+
+        Computed on loss-mask positions only (0 elsewhere): all that the KL, proximal and EMPG
+        terms read."""
         model = model or self.model
         out = []
         for m0 in range(0, len(samples), self.micro_batch_size):
             chunk = samples[m0 : m0 + self.micro_batch_size]
             b = collate(chunk, self.pad_id).to(self.device)
-            logp, ent = token_logprobs(model, b.input_ids, b.attention, self.temperature)
+            logp, ent = token_logprobs(model, b.input_ids, b.attention, self.temperature, mask=b.loss_mask)
             out += [
                 (logp[i, : len(s.input_ids) - 1].cpu(), ent[i, : len(s.input_ids) - 1].cpu())
                 for i, s in enumerate(chunk)
@@ -168,15 +171,10 @@ class Learner:
         n_seqs: float,
     ) -> dict[str, float]:
         m = b.loss_mask
-        out = self.model(
-            input_ids=b.input_ids,
-            attention_mask=b.attention,
-            output_hidden_states=self.value_head is not None,
-        )
-        logits = out.logits[:, :-1, :].float() / self.temperature
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, b.input_ids[:, 1:, None]).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        # log-probs only where trained, in chunks: no (B, T, V) logits (a shared value head
+        # reads the same hidden states)
+        hidden = last_hidden(self.model, b.input_ids, b.attention)
+        logp, entropy = logprobs_at(self.model, hidden, b.input_ids, m, self.temperature)
         prox_logp = _stack(prox, idx, m.shape) if prox is not None else b.old_logp
         result = self.policy_loss(PolicyLossInputs(logp, b.old_logp, prox_logp.to(m.device), b.advantages))
 
@@ -201,7 +199,7 @@ class Learner:
         if self.value_head is not None and old_values is not None:
             from steprl.algorithms.losses import value_loss
 
-            v = self.value_head(out.hidden_states[-1])[:, :-1]
+            v = self.value_head(hidden)[:, :-1]
             old_v = collate_values([old_values[i] for i in idx], m.shape).to(m.device)
             vl = value_loss(v, old_v, b.returns, m, clip=self.reg.value_clip, num_tokens=n_tokens)
             loss = loss + self.reg.vf_coef * vl
