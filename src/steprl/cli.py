@@ -190,7 +190,7 @@ def check_template_cmd(
     for label, report, expected in results:
         verdict = ("expected break: " if expected and not report.ok else "") + report.summary()
         if expected and report.ok:
-            verdict += " (a break was expected here: this template keeps earlier reasoning)"
+            verdict += " (no break: this template keeps earlier reasoning)"
         console.print(f"{label}\n  {verdict}", markup=False, highlight=False, soft_wrap=True)
         failed |= not report.ok and not expected
     console.print(

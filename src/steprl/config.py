@@ -89,6 +89,16 @@ class ModelSection(_Section):
     tiny: TinySection = TinySection()
     sft: SFTSection = SFTSection()
 
+    @model_validator(mode="after")
+    def _tiny_has_no_template(self) -> ModelSection:
+        # caught here, not after the tiny model's minute-long warm start
+        if self.name == "tiny" and self.format == "chat" and self.chat_template is None:
+            raise ValueError(
+                "model.format=chat: the tiny model's tokenizer has no chat template; use model.format=plain "
+                "(or auto), or give one with model.chat_template"
+            )
+        return self
+
 
 class TaskFileSection(_Section):
     """Tasks from a JSONL or Parquet file, one per row (see steprl/envs/task_file.py)."""

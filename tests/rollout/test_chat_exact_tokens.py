@@ -368,13 +368,6 @@ class _EmptyOutputEnv(HostileEnv):
         return Transition("", 1.0, True, info={"action_kind": "answer", "text": ""})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (rollout/loop.run_episode): an empty non-terminal observation is appended as no ids "
-    "at all (`if transition.observation else ()`), so under ChatFormat the next prompt neither closes "
-    "the assistant turn nor opens a tool response nor a generation prompt: the model continues its "
-    "own turn as if the tool never answered",
-)
 def test_an_empty_tool_result_is_still_a_tool_response(tok: Any, fmt: ChatFormat) -> None:
     call = fmt.template_ids('<tool_call>\n{"name": "run", "arguments": {"command": "true"}}\n</tool_call>')
     answer = (*fmt.template_ids("<answer>done</answer>"), tok.convert_tokens_to_ids("<|im_end|>"))

@@ -53,9 +53,11 @@ class PromptFormat(Protocol):
 #: `rollout.system_prompt` values with a meaning; any other string is the system prompt itself.
 SYSTEM_PROMPT_MODES = ("none", "env")
 
-#: Protocol tags that stay text inside an observation for every tokenizer (reliability BAD-09):
-#: an env that quotes a call or a reasoning tag must not hand the model one.
-TEXT_ONLY_TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+#: Strings that stay text inside env text for every tokenizer (reliability BAD-09), on top of
+#: each tokenizer's own control tokens: an env that quotes a call or a reasoning tag must not
+#: hand the model one, and `<s>`/`</s>` (sequence markers in many vocabularies, HTML tags in
+#: Gemma's) are split too.
+TEXT_ONLY_TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "<s>", "</s>")
 
 
 def tool_schemas(tools: Mapping[str, Any] | Sequence[Any] | None) -> tuple[dict[str, Any], ...]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steprl.errors import UserError
-from steprl.rollout.chat import newline_ids
+from steprl.rollout.chat import TEXT_ONLY_TAGS, newline_ids
 from steprl.rollout.text_tokens import TextEncoder
 
 _SENT = "\u2063STEPRL{}\u2063"  # invisible separator: no template touches it, no tokenizer merges across
@@ -71,7 +71,7 @@ class ChatFormat:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.template_kwargs = dict(template_kwargs or {})
-        self.text = TextEncoder(tokenizer)
+        self.text = TextEncoder(tokenizer, extra_controls=TEXT_ONLY_TAGS)
         self.eos_token_id: int = int(tokenizer.eos_token_id)
         self._end_turn, self._close = self._turn_end()
         self.end_of_turn_id = self._end_turn
@@ -148,8 +148,9 @@ class ChatFormat:
                 break
         else:
             raise ChatTemplateError(
-                f"the chat template re-renders earlier turns when a {role} message follows; run "
-                "`steprl check-template` to see where"
+                f"the chat template re-renders earlier turns when a {role} message follows (the render "
+                f"of [user, assistant] is not a prefix of the render with a {role} message after them), "
+                "so env messages cannot be appended as deltas; fix the template (model.chat_template)"
             )
         delta = full[len(prefix) :]
         head, sep, tail = delta.partition(mark)

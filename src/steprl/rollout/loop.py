@@ -76,9 +76,11 @@ async def run_episode(
             reason = _end_reason(transition)
             # the env's reply to an answer is a user turn; to a call (or a malformed one), a tool result
             tool_result = transition.info.get("action_kind") != "answer"
+            # an empty tool result still closes the turn and opens the next one (chat formats);
+            # only the observation that ends the episode may be empty and add nothing
             obs_ids = (
                 fmt.observation_ids(transition.observation, action_ids=gen.token_ids, tool_result=tool_result)
-                if transition.observation
+                if transition.observation or reason is None
                 else ()
             )
             messages += [

@@ -56,12 +56,15 @@ class TemplateReport:
     context: str  # the context rule checked
     prompts: int  # prompts compared
     breaks: tuple[Break, ...] = field(default_factory=tuple)
+    error: str = ""  # the format could not be built from the template at all
 
     @property
     def ok(self) -> bool:
-        return not self.breaks
+        return not self.breaks and not self.error
 
     def summary(self) -> str:
+        if self.error:
+            return f"{self.context}: FAIL: {self.error}"
         head = f"{self.context}: {self.prompts} prompts compared, "
         if self.ok:
             return head + "PASS (incremental ids == whole render)"
@@ -153,7 +156,14 @@ def load_conversations(path: str | Path) -> list[dict[str, Any]]:
         if text.lstrip().startswith("["):
             rows = json.loads(text)
         else:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            rows = []
+            for n, line in enumerate(text.splitlines(), 1):
+                try:
+                    rows += [json.loads(line)] if line.strip() else []
+                except json.JSONDecodeError as exc:  # its lineno counts within the line
+                    raise ConversationFileError(
+                        f"--conversations {path}: bad JSON at line {n}: {exc.msg}"
+                    ) from None
     except json.JSONDecodeError as exc:
         raise ConversationFileError(
             f"--conversations {path}: bad JSON at line {exc.lineno}: {exc.msg}"

@@ -17,10 +17,19 @@ from typing import Any
 
 
 def control_strings(tokenizer: Any, extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """The strings `tokenizer.encode` would turn into control ids: every added token (special or
-    not) plus `extra` (e.g. the tiny model's protocol tags), longest first."""
-    found = {str(t.content) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}
-    found |= {str(t) for t in getattr(tokenizer, "all_special_tokens", ())}
+    """The strings `tokenizer.encode` would turn into control ids, longest first: the special
+    tokens, the added tokens the chat template itself writes (Qwen3's `<tool_call>`,
+    `<tool_response>`, `<think>`: added but not special) or spelt `<|...|>`, and `extra` (the
+    tiny model's call tags). Other added tokens are vocabulary, not control: Gemma adds newline
+    and tab runs and HTML tags (`<td>`, `</s>`) that it reads as ordinary text."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = " ".join(str(t) for t in template.values())
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", ())}
+    for t in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        text = str(t.content)
+        if t.special or text in template or (text.startswith("<|") and text.endswith("|>")):
+            found.add(text)
     found |= set(extra)
     return tuple(sorted((s for s in found if len(s) > 1), key=lambda s: (-len(s), s)))
 
@@ -70,16 +79,19 @@ class TextEncoder:
     def encode(self, text: str) -> tuple[int, ...]:
         splits: set[str] = {self.unk} if self.unk and self.unk in text else set()
         ids = self._plain(text) if not splits else self._pieces(text, splits)
-        for _ in range(8):  # each round splits what the last one matched; 1 round is the norm
+        found = {self.forbidden[i] for i in ids if i in self.forbidden}
+        if found:  # split at what was matched; if a piece still matches, at every control string
+            ids = self._pieces(text, splits | found)
             found = {self.forbidden[i] for i in ids if i in self.forbidden}
-            if not found:
-                return tuple(ids)
-            splits |= found
-            ids = self._pieces(text, splits)
-        raise ValueError(
-            f"text still encodes to control ids {sorted(found)[:5]} after splitting; this tokenizer "
-            "cannot carry the text safely (report it with the text)"
-        )
+            if found:
+                ids = self._pieces(text, splits | set(self.forbidden.values()))
+                found = {self.forbidden[i] for i in ids if i in self.forbidden}
+        if found:
+            raise ValueError(
+                f"text still encodes to control ids {sorted(found)[:5]} after splitting; this tokenizer "
+                "cannot carry the text safely (report it with the text)"
+            )
+        return tuple(ids)
 
 
 def _split_controls(text: str, controls: Sequence[str]) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from steprl.config import Config
 from steprl.rollout.context import CONTEXT_RULES
@@ -16,12 +16,13 @@ from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.training import env_setup
+from steprl.training.checkpoint import load_checkpoint_model
 from steprl.training.evaluate import evaluate
 
 
 def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperature: float) -> dict[str, float]:
     transformers.utils.logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    model = load_checkpoint_model(checkpoint, dtype=torch.float32)  # LoRA: the base, adapters merged
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     spec = env_setup.env_spec(cfg)
     engine = HFEngine(

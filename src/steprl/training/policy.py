@@ -18,16 +18,17 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env
-from steprl.models import tiny
-from steprl.models.sources import check_device_dtype, load_pretrained
+from steprl.models import qwen3_testbed, tiny
+from steprl.models.sources import DTYPES, check_device_dtype, load_pretrained
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
 from steprl.training import sft
+from steprl.training.pretrained_sft import warm_start
 from steprl.types import Task
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
-SFT_RECIPE_VERSION = 3  # 3: demonstrations played by the agent loop
+SFT_RECIPE_VERSION = 4  # 4: env text never holds control or call tokens (BAD-09)
 
 
 @dataclass
@@ -71,6 +72,13 @@ def load_policy(
 ) -> Policy:
     """The policy `model.name` and `model.init` ask for. A fresh SFT warm start plays its
     demonstrations on envs from `make_env` (the run's env pool: any backend)."""
+    check_device_dtype(cfg.model.device, cfg.model.dtype)  # one line, before any work
+    if cfg.model.name == qwen3_testbed.NAME:  # real Qwen3 tokenizer + template, random small model
+        tok = qwen3_testbed.load_tokenizer()
+        qwen: Any = qwen3_testbed.build_model(tok, seed=cfg.run.seed).to(DTYPES[cfg.model.dtype])
+        return warm_start(
+            Policy(qwen, tok, "Qwen3 test bed (random init)", qwen3_testbed.NAME), cfg, log, make_env
+        )
     if cfg.model.name != "tiny":
         m = cfg.model
         if m.engine_dtype not in ("auto", m.dtype):  # the engine's copy must fit the device too
@@ -83,7 +91,8 @@ def load_policy(
             chat_template=m.chat_template,
             log=log,
         )
-        return Policy(loaded.model, loaded.tokenizer, loaded.source, loaded.base_name)
+        policy = Policy(loaded.model, loaded.tokenizer, loaded.source, loaded.base_name)
+        return warm_start(policy, cfg, log, make_env)  # LoRA (model.lora), SFT (model.init: sft)
 
     cache = sft_cache_dir(cfg)
     if cfg.model.init == "sft" and (cache / "config.json").exists():
@@ -132,7 +141,7 @@ def load_policy(
             make_env=make_env,
             fmt=fmt,
             seed=s.seed + len(phase),
-            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k),
+            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt),
             budgets=Budgets(*setup.budgets(cfg)),  # the demos fit what RL will show the model
             log=log,
         )

@@ -124,7 +124,7 @@ def sft_train(
     for step in range(steps):
         idx = torch.randint(len(demos), (batch_size,), generator=gen).tolist()
         batch = collate([demos[i].sample for i in idx], pad_id)
-        logp, _ = token_logprobs(model, batch.input_ids, batch.attention)
+        logp, _ = token_logprobs(model, batch.input_ids, batch.attention, mask=batch.loss_mask)
         loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -32,9 +32,11 @@ from steprl.diagnostics import (
     plot_learning_curve,
     reward_component_means,
     rollout_metrics,
+    template_metrics,
 )
 from steprl.diagnostics.sinks import MetricsSink
 from steprl.hosting.pool import EnvPool
+from steprl.models.sources import DTYPES
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
@@ -46,7 +48,7 @@ from steprl.training.checkpoint import save_checkpoint
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.evaluate import evaluate
 from steprl.training.learner import Learner, Regularizers
-from steprl.training.lora import AdaptersDisabled, apply_lora
+from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import load_policy
 from steprl.training.step_parts import (
     collect_groups,
@@ -95,14 +97,17 @@ def _train(
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
     # ---- LoRA (model.lora): the learner trains adapters on the frozen base; the engines keep a
     # plain copy of the base and merge each adapter update into it (training/lora.py) ----------
-    engine_model = copy.deepcopy(policy.model)  # taken before peft injects its layers
-    if cfg.model.lora is not None:
+    if cfg.model.lora is not None and not is_peft(policy.model):  # (a warm start applies it first)
         policy.model = apply_lora(policy.model, cfg.model.lora, log)
+    engine_model = plain_base(policy.model) if is_peft(policy.model) else copy.deepcopy(policy.model)
+    if cfg.model.engine_dtype != "auto":  # e.g. bf16 generation (2.2x faster on CPU) for an fp32 learner
+        engine_model = engine_model.to(DTYPES[cfg.model.engine_dtype])
     # ---- end LoRA -----------------------------------------------------------------------------
     fmt = env_setup.prompt_format(cfg, policy.tokenizer)
-    rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k)
+    rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt)
+    per_turn = env_setup.check_prompt_format(fmt, cfg, log)  # a chat template that fails: refused
     # append-only context: one packed sequence per trajectory; other rules: one row per step
-    to_samples = (lambda t, i: [packed_view(t, i)]) if rule.append_only else per_step_view
+    to_samples = (lambda t, i: [packed_view(t, i)]) if rule.append_only and not per_turn else per_step_view
     budgets = Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens)
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     eval_sampling = SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0)
@@ -152,6 +157,8 @@ def _train(
         value_head=value_head,
         device=cfg.model.device,
     )
+    if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
+        engine.update_weights(learner.state_dict_for_engine(), version=engine.version)
     critic: SeparateCritic | SharedCritic | None = None
     if algo.critic == "separate":
         critic = SeparateCritic(
@@ -199,6 +206,8 @@ def _train(
             torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
         )
         cleanup.callback(remote.close)
+        if is_peft(policy.model):
+            remote.sync_weights(learner.state_dict_for_engine(), version=engine.version)
         rollout = remote_rollout(remote)
         log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
@@ -315,6 +324,7 @@ def _train(
             metrics = {
                 **rollout_metrics(trajectories),
                 **reward_component_means(trajectories),
+                **template_metrics(trajectories),
                 **collected.metrics,
                 **learner_stats,
                 **kl_metrics,
