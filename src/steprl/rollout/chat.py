@@ -41,6 +41,15 @@ class PromptFormat(Protocol):
         """`</think>` as ids (what `rollout.context=strip_thinking` cuts at)."""
         ...
 
+    def rerender_ids(
+        self,
+        system_prompt: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> tuple[int, ...]:
+        """The whole conversation rendered and tokenized in one piece (diagnostics only)."""
+        ...
+
     def newline_ids(self) -> frozenset[int]:
         """Ids that decode to newlines only."""
         ...

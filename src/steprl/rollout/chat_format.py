@@ -55,6 +55,9 @@ class ChatFormat:
     role). `template_kwargs` go to every render (e.g. ``{"enable_thinking": False}``).
     """
 
+    #: the agent loop compares a whole re-render with the exact ids (rollout/template_mismatch_rate)
+    checks_template = True
+
     def __init__(
         self,
         tokenizer: Any,

@@ -102,10 +102,14 @@ async def run_episode(
             if reason is not None:
                 end = reason
                 break
-        if rule.append_only and len(steps) > 1 and hasattr(fmt, "rerender_ids"):
+        if rule.append_only and len(steps) > 1 and getattr(fmt, "checks_template", False):
             # would a harness that re-templates the text every turn have shown the same ids?
-            whole = fmt.rerender_ids(env.system_prompt, messages[: 2 * len(steps) - 1], tools)
-            info["template_match"] = whole == steps[-1].prompt_ids
+            try:  # a diagnostic: a template that cannot re-render the text never fails the episode
+                whole = fmt.rerender_ids(env.system_prompt, messages[: 2 * len(steps) - 1], tools)
+                info["template_match"] = whole == steps[-1].prompt_ids
+            except Exception as exc:
+                info["template_match"] = False
+                info["template_error"] = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # env/engine bug, outage or deadline: counted, excluded from the loss
         end = EndReason.ENV_TIMEOUT if isinstance(exc, EnvTimeout) else EndReason.INFRA_FAILED
         info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
