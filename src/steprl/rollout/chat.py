@@ -160,19 +160,25 @@ class PlainFormat:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     def stop_tokens(self, stop_strings: Sequence[str]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
-        """Single-token stop strings (tags are added tokens in steprl's tokenizers) become stop
-        ids; longer ones become token sequences matched on the output's suffix. The encoding is
-        of the string alone: exact for char-level and tag tokens (for BPE tokenizers a stop
-        string can merge with its neighbours; prefer added tokens there)."""
-        single, multi = [], []
-        for s in stop_strings:
-            enc = self._encode(s)
-            if not enc:
-                raise ValueError(
-                    f"stop string {s!r} encodes to no tokens; remove it from the env's stop_strings"
-                )
-            if len(enc) == 1:
-                single.append(enc[0])
-            else:
-                multi.append(enc)
-        return tuple(single), tuple(multi)
+        """Single-token stop strings (tags are tokens in the tiny vocabulary) become stop ids;
+        longer ones token sequences matched on the output's suffix (`split_stop_strings`)."""
+        return split_stop_strings(self._encode, stop_strings)
+
+
+def split_stop_strings(
+    encode: Any, stop_strings: Sequence[str], always: Sequence[int] = ()
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """(stop ids, multi-token stop sequences) for the engine: `always` plus each stop string that
+    `encode` makes one token, and the others as token sequences. The encoding is of the string
+    alone: exact for added and char-level tokens (for BPE a stop string can merge with its
+    neighbours; prefer strings that are tokens of their own there)."""
+    single, multi = list(always), []
+    for s in stop_strings:
+        enc = tuple(encode(s))
+        if not enc:
+            raise ValueError(f"stop string {s!r} encodes to no tokens; remove it from the env's stop_strings")
+        if len(enc) == 1:
+            single.append(enc[0])
+        else:
+            multi.append(enc)
+    return tuple(dict.fromkeys(single)), tuple(multi)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steprl.errors import UserError
-from steprl.rollout.chat import TEXT_ONLY_TAGS, newline_ids
+from steprl.rollout.chat import TEXT_ONLY_TAGS, newline_ids, split_stop_strings
 from steprl.rollout.text_tokens import TextEncoder
 
 _SENT = "\u2063STEPRL{}\u2063"  # invisible separator: no template touches it, no tokenizer merges across
@@ -254,15 +254,4 @@ class ChatFormat:
     def stop_tokens(self, stop_strings: Sequence[str]) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
         """End-of-turn and EOS ids, plus the env's stop strings: one id when the string is a token
         of its own (Qwen3's `</tool_call>`), else a token sequence matched on the output's end."""
-        single, multi = {self._end_turn, self.eos_token_id}, []
-        for s in stop_strings:
-            enc = self.template_ids(s)
-            if not enc:
-                raise ValueError(
-                    f"stop string {s!r} encodes to no tokens; remove it from the env's stop_strings"
-                )
-            if len(enc) == 1:
-                single.add(enc[0])
-            else:
-                multi.append(enc)
-        return tuple(sorted(single)), tuple(multi)
+        return split_stop_strings(self.template_ids, stop_strings, always=(self._end_turn, self.eos_token_id))
