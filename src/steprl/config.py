@@ -24,14 +24,21 @@ class ConfigError(UserError, ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: `trainer.lr=.inf` is a config error, not a run whose weights all become NaN
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
     name: str = "calculator_tiny"  # run directory is <output_dir>/<name>
     seed: int = 0  # seeds tasks, sampling, init and shuffling
     output_dir: str = "runs"
-    overwrite: bool = True  # reuse runs/<name> (its files are replaced)
+    # An existing run directory is resumed (`resume`), cleared whole (`overwrite: true`) or
+    # refused: a run never mixes its files with another run's.
+    overwrite: bool = False
+    # never: start fresh; auto: continue from the latest complete checkpoint in the run
+    # directory if there is one; must: as auto, but refuse when there is none (`--resume`)
+    resume: Literal["never", "auto", "must"] = "never"
+    allow_config_change: bool = False  # resume although the config differs (CKPT-06)
 
 
 class TinySection(_Section):
@@ -257,7 +264,12 @@ class TrainerSection(_Section):
     eval_every: int = Field(10, ge=0)  # 0 = only at the end
     eval_tasks: int = Field(200, gt=0)  # held-out tasks, sampled at eval_temperature
     eval_temperature: float = Field(1.0, ge=0)
-    checkpoint_every: int = Field(0, ge=0)  # 0 = only at the end
+    checkpoint_every: int = Field(0, ge=0)  # 0 = only at the end (and when interrupted)
+    keep_last: int = Field(2, gt=0)  # complete checkpoints kept under checkpoints/
+    # NUM-01: a non-finite loss or gradient skips the optimizer step; this many in a row abort
+    max_nonfinite_skips: int = Field(3, gt=0)
+    # NUM-02: a pre-clip gradient norm above grad_spike_factor * grad_clip is flagged
+    grad_spike_factor: float = Field(100.0, gt=1)
 
 
 class RuntimeSection(_Section):
@@ -278,6 +290,7 @@ class RuntimeSection(_Section):
     max_concurrent_envs: int = Field(256, gt=0)  # EnvPool: live env instances at once
     env_call_timeout_s: float = Field(30.0, gt=0)  # deadline of one reset/step/close
     failure_budget: float = Field(0.25, ge=0, le=1)  # max share of infra-failed trajectories per step
+    max_failed_steps: int = Field(3, gt=0)  # consecutive steps over failure_budget stop the run
 
 
 class LoggingSection(_Section):
