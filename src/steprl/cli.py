@@ -22,21 +22,38 @@ console = Console()
 PLUGIN_HELP = "Module to import first; it registers your envs (repeatable; added to env.plugins)."
 
 
-def _load(config: Path | None, overrides: Sequence[str], plugins: Sequence[str] = ()) -> Config:
+def _load(
+    config: Path | None,
+    overrides: Sequence[str],
+    plugins: Sequence[str] = (),
+    *,
+    device: bool = True,
+    output_dir: bool = False,
+    env: bool = True,
+) -> Config:
+    """The validated config, checked before any work: `model.device` exists here (`device`),
+    `run.output_dir` can hold the run (`output_dir`), `env.name` resolves and takes
+    `env.params` / `env.task_params` (`env`). Each failure is one line and exit 2."""
     # imported here, not at the top: steprl.config imports torch (~1.5 s), which `steprl --help`
     # and `steprl serve-env` do not need
     from steprl.config import ConfigError, load_config
+    from steprl.config_checks import check_host
     from steprl.envs.registry import load_plugins
 
     try:
         cfg = load_config(config, overrides)
+        check_host(cfg, device=device, output_dir=output_dir)
     except ConfigError as err:
-        console.print(f"[red]{err}[/red]")
+        console.print(str(err), style="red", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if plugins:
         merged = [*cfg.env.plugins, *(p for p in plugins if p not in cfg.env.plugins)]
         cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"plugins": merged})})
     load_plugins(cfg.env.plugins)  # now: a plugin that does not import is one line, before any work
+    if env:  # a bad env name or param: one line now, not after the run directory is made
+        from steprl.training.env_setup import env_spec
+
+        env_spec(cfg)
     return cfg
 
 
@@ -45,13 +62,27 @@ def train(
     config: Path = typer.Argument(..., help="YAML config (see configs/)."),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set trainer.lr=3e-4 (repeatable)."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    resume: Path | None = typer.Option(
+        None,
+        "--resume",
+        help="Continue the run in this directory from its latest complete checkpoint (run.resume=must).",
+    ),
 ) -> None:
-    """Train a policy with RL; prints held-out success before and after."""
+    """Train a policy with RL; prints held-out success before and after. A run killed or
+    interrupted continues exactly with --resume runs/<name> (or run.resume=auto)."""
+    from steprl.training.trainer import describe_eval
     from steprl.training.trainer import train as run_training
 
-    cfg = _load(config, set_, plugin)
-    result = run_training(cfg, log=console.print)
+    if resume is not None:  # the run directory named on the command line, whatever the config says
+        set_ = [*set_, "run.resume=must", f"run.output_dir={resume.parent}", f"run.name={resume.name}"]
+    cfg = _load(config, set_, plugin, output_dir=True)
+    result = run_training(cfg, log=console.print, command=f"steprl train {config}")
     w, f = result.warm_start, result.final
+    for label, m in (("warm start", w), ("RL-trained", f)):
+        if describe_eval(m).startswith("eval failed"):
+            console.print(f"[red]{label}: {describe_eval(m)}[/red]")
+            console.print(f"run directory: {result.run_dir}")
+            raise typer.Exit(1)
     console.print(
         f"\n[bold]held-out success[/bold] ({int(f['eval/tasks'])} tasks, "
         f"temperature {cfg.trainer.eval_temperature}):"
@@ -89,18 +120,23 @@ def sft(
 
 @app.command("eval")
 def eval_(
-    checkpoint: Path = typer.Argument(..., help="A checkpoint directory (runs/<name>/checkpoint)."),
+    checkpoint: Path = typer.Argument(
+        ..., help="A run directory (its latest checkpoint) or runs/<name>/checkpoints/step_N."
+    ),
     tasks: int = typer.Option(200, help="Number of held-out tasks."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
     set_: list[str] = typer.Option([], "--set", help="Override a key of the checkpoint's config."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Evaluate a checkpoint on held-out tasks."""
+    from steprl.training.checkpoint import resolve_checkpoint
     from steprl.training.evaluate_cli import evaluate_checkpoint
 
+    checkpoint = resolve_checkpoint(checkpoint)  # a run directory or checkpoints/ means its latest
     if not (checkpoint / "config.yaml").exists():
         console.print(
-            f"[red]{checkpoint} is not a checkpoint (no config.yaml); pass runs/<name>/checkpoint[/red]"
+            f"[red]{checkpoint} is not a checkpoint (no config.yaml); pass runs/<name> or "
+            "runs/<name>/checkpoints/step_N[/red]"
         )
         raise typer.Exit(2)
     cfg = _load(checkpoint / "config.yaml", set_, plugin)
@@ -130,7 +166,8 @@ def check_env_cmd(
     overrides = list(set_)
     if not target.endswith((".yaml", ".yml")):
         overrides = [f"env.name={target}", *overrides]
-    cfg = _load(Path(target) if target.endswith((".yaml", ".yml")) else None, overrides, plugin)
+    path = Path(target) if target.endswith((".yaml", ".yml")) else None
+    cfg = _load(path, overrides, plugin, device=False, env=False)  # env_spec: below
     try:
         report = check_spec(
             env_setup.env_spec(cfg),
@@ -208,10 +245,13 @@ app.command("serve-env")(serve_env)
 def main() -> None:
     """The `steprl` command: a `UserError` (a missing extra, a plugin that does not import, a bad
     task row, ...) is one line and exit code 2, not a traceback."""
-    from steprl.errors import UserError
+    from steprl.errors import RunAborted, UserError
 
     try:
         app(sys.argv[1:])
     except UserError as err:
         console.print(str(err), style="red", markup=False, highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
+    except RunAborted as err:  # the run kept what it finished; the message says how to go on
+        console.print(str(err), style="red", markup=False, highlight=False, soft_wrap=True)
+        raise SystemExit(err.exit_code) from None

@@ -12,3 +12,17 @@ from __future__ import annotations
 
 class UserError(Exception):
     """The user's input is wrong; the message (one line) says which input and how to fix it."""
+
+
+class RunAborted(Exception):
+    """A run stopped on purpose, keeping what it finished: a checkpoint save the disk refused,
+    too many non-finite steps in a row, failing infrastructure, an interrupt. The CLI prints the
+    message (one line: what happened, what was kept, how to go on) and exits `exit_code`."""
+
+    exit_code = 1
+
+
+class RunInterrupted(RunAborted):
+    """SIGINT or SIGTERM: the current step finished, a checkpoint was saved, writers closed."""
+
+    exit_code = 130

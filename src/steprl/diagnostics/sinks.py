@@ -2,15 +2,17 @@
 
 A sink takes the flat dicts that `steprl.diagnostics.metrics` produces; it never computes
 anything. JSONL is the source of truth (plots and reports read it back); TensorBoard is for
-watching a run live. Trajectories go to one Parquet file, one row per trajectory, holding the
+watching a run live. Trajectories go to one Parquet file per training step (`trajectories/
+step_000012.parquet`, one row per trajectory), each complete the moment it appears, holding the
 exact token ids (not re-tokenized text), so the viewer and offline analysis see what the
-learner saw.
+learner saw. `read_trajectories(run_dir / "trajectories")` reads them back as one table.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -106,6 +108,21 @@ def read_metrics_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def truncate_metrics(path: str | Path, last_step: int) -> int:
+    """Keep the rows of steps `<= last_step` (a resume redoes the steps after its checkpoint;
+    their old rows would be duplicates). Atomic: the file is the old or the new one. Returns the
+    number of rows dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    rows = read_metrics_jsonl(path)
+    kept = [r for r in rows if int(r.get("step", 0)) <= last_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(rows) - len(kept)
+
+
 class TensorBoardSink(_ClosingContext):
     """One TensorBoard scalar per metric key (the slash prefix becomes the chart group).
 
@@ -113,11 +130,13 @@ class TensorBoardSink(_ClosingContext):
     whole tensorboard package; code that only needs JSONL should not pay for it.
     """
 
-    def __init__(self, logdir: str | Path) -> None:
+    def __init__(self, logdir: str | Path, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(logdir)
-        self._writer = SummaryWriter(log_dir=str(self.logdir))
+        # purge_step (a resume): TensorBoard hides the events at and after it that an earlier
+        # process wrote, so a redone step is shown once
+        self._writer = SummaryWriter(log_dir=str(self.logdir), purge_step=purge_step)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
@@ -187,30 +206,32 @@ def _to_json(info: Mapping[str, Any]) -> str:
 
 
 class TrajectoryWriter(_ClosingContext):
-    """Appends trajectories to one Parquet file, one row group per `write` call.
+    """Writes each step's trajectories to `<directory>/step_NNNNNN.parquet`.
 
-    With `decode` (token ids -> text, e.g. `tokenizer.decode`), the text columns `prompt_text`,
-    `action_texts` and `observation_texts` are added for human reading; the ids stay the truth.
-    The file is complete only after `close()` (Parquet writes its footer last): use `with`.
-    Log-probs are stored as float32 (what engines return); ids round-trip exactly.
+    Each file is written under a temporary name and renamed when complete, so a kill at any
+    moment (SIGKILL included) leaves every finished step readable and no half file; a resumed
+    run rewrites the files of the steps it redoes. With `decode` (token ids -> text, e.g.
+    `tokenizer.decode`), the text columns `prompt_text`, `action_texts` and `observation_texts`
+    are added for human reading; the ids stay the truth. Log-probs are stored as float32 (what
+    engines return); ids round-trip exactly.
     """
 
-    def __init__(self, path: str | Path, decode: Callable[[Sequence[int]], str] | None = None) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: str | Path, decode: Callable[[Sequence[int]], str] | None = None) -> None:
+        self.path = Path(directory)
+        self.path.mkdir(parents=True, exist_ok=True)
+        for stale in self.path.glob(".*.tmp"):  # a write that a kill interrupted
+            stale.unlink(missing_ok=True)
         self.decode = decode
         schema = TRAJECTORY_SCHEMA
         if decode is not None:
             for name, typ in _TEXT_FIELDS:
                 schema = schema.append(pa.field(name, typ))
         self.schema = schema
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(str(self.path), schema)
+        self._closed = False
 
     def write(self, step: int, trajectories: Sequence[Trajectory]) -> None:
-        if self._writer is None:
+        if self._closed:
             raise RuntimeError(f"TrajectoryWriter({self.path}) is closed; open a new one to write more.")
-        if not trajectories:
-            return
         columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
         for t in trajectories:
             first_prompt = list(t.steps[0].prompt_ids) if t.steps else []
@@ -233,19 +254,30 @@ class TrajectoryWriter(_ClosingContext):
                 columns["prompt_text"].append(self.decode(first_prompt))
                 columns["action_texts"].append([self.decode(s.action_ids) for s in t.steps])
                 columns["observation_texts"].append([self.decode(s.observation_ids) for s in t.steps])
-        self._writer.write_table(pa.Table.from_pydict(columns, schema=self.schema))
+        final = self.path / f"step_{int(step):06d}.parquet"
+        tmp = self.path / f".{final.name}.tmp"
+        pq.write_table(pa.Table.from_pydict(columns, schema=self.schema), str(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._closed = True
 
 
 def read_trajectories(path: str | Path) -> pa.Table:
-    """Load a trajectory Parquet file written by `TrajectoryWriter` (all row groups)."""
+    """Load what `TrajectoryWriter` wrote: a run's `trajectories/` directory (every step file,
+    in step order, as one table) or a single step file. The same as
+    `pyarrow.dataset.dataset(path, format="parquet").to_table()` (or `pandas.read_parquet`)."""
     path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("step_*.parquet"))
+        if not files:
+            return TRAJECTORY_SCHEMA.empty_table()
+        tables = [pq.read_table(str(f)) for f in files]
+        return pa.concat_tables(tables, promote_options="default")
     if not path.exists():
         raise FileNotFoundError(
-            f"No trajectory file at {path}; a run writes it as <run_dir>/trajectories.parquet."
+            f"No trajectory file at {path}; a run writes one per step under <run_dir>/trajectories/."
         )
     return pq.read_table(str(path))

@@ -22,6 +22,7 @@ import torch
 
 from steprl.envs.base import Env, Observation, Transition, maybe_await
 from steprl.envs.policy import Policy
+from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Generation, SamplingParams
@@ -140,7 +141,7 @@ async def play_demos(
             sampling=SamplingParams(temperature=0.0),
             budgets=budgets,
             group_id=f"demo-{seed}-{index}",
-            seed=seed * 1_000_003 + index,
+            seed=seeds.demo_seed(seed, index),
         )
         return Demonstration(chosen[index], trajectory)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from steprl.envs.base import Env, EnvTimeout, Transition, maybe_await
+from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat, tool_schemas
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
@@ -69,7 +70,7 @@ async def run_episode(
             gen = await engine.generate(
                 prompt,
                 replace(sampling, max_new_tokens=room, stop_token_ids=stop_ids, stop_sequences=stop_seqs),
-                seed=seed * 1_000_003 + _turn,  # per turn: rollouts do not depend on env timing
+                seed=seeds.turn_seed(seed, _turn),
             )
             action_text = fmt.decode(gen.token_ids)
             transition = await maybe_await(env.step(action_text))
@@ -161,7 +162,7 @@ async def rollout_groups(
         try:
             env = setup.make_env(task)
         except Exception as exc:
-            return creation_failed(task, f"{seed}-{t_index}", exc)
+            return creation_failed(task, seeds.group_id(seed, t_index), exc)
         return await run_episode(
             env,
             task,
@@ -170,8 +171,8 @@ async def rollout_groups(
             rule=setup.rule,
             sampling=setup.sampling,
             budgets=setup.budgets,
-            group_id=f"{seed}-{t_index}",
-            seed=seed * 1_000_003 + t_index * 1009 + i,
+            group_id=seeds.group_id(seed, t_index),
+            seed=seeds.episode_seed(seed, t_index, i),
         )
 
     coros = [one(task, first_index + t, i) for t, task in enumerate(tasks) for i in range(group_size)]

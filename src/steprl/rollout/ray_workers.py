@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from steprl.envs.base import Env
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
+from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import SamplingParams
@@ -183,12 +184,15 @@ class RayRolloutPool:
     def version(self) -> int:
         return self._version
 
-    def rollout_groups(self, tasks: Sequence[Task], group_size: int, *, seed: int) -> list[Group]:
-        """`group_size` episodes of every task, split over the workers; groups in task order."""
+    def rollout_groups(
+        self, tasks: Sequence[Task], group_size: int, *, seed: int, first_index: int = 0
+    ) -> list[Group]:
+        """`group_size` episodes of every task, split over the workers; groups in task order.
+        `first_index`: the stream position of `tasks[0]` (it keys the episode seeds)."""
         tasks = list(tasks)
         shares = _split(len(tasks), self.num_workers)
         refs = [
-            (k, lo, hi, self._workers[k].rollout.remote(tasks[lo:hi], group_size, seed, lo))
+            (k, lo, hi, self._workers[k].rollout.remote(tasks[lo:hi], group_size, seed, first_index + lo))
             for k, (lo, hi) in enumerate(shares)
             if hi > lo
         ]
@@ -200,8 +204,10 @@ class RayRolloutPool:
                 groups += ray.get(ref, timeout=timeout)
             except (GetTimeoutError, RayError) as exc:
                 why = f"rollout worker {k} failed: {type(exc).__name__}"
+                base = first_index + lo
                 groups += [
-                    _failed_group(task, lo + i, group_size, seed, why) for i, task in enumerate(tasks[lo:hi])
+                    _failed_group(task, base + i, group_size, seed, why)
+                    for i, task in enumerate(tasks[lo:hi])
                 ]
                 self._replace(k, type(exc).__name__)
         return groups
@@ -262,5 +268,6 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -> Group:
-    failed = Trajectory(task.id, f"{seed}-{index}", task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why})
+    gid = seeds.group_id(seed, index)
+    failed = Trajectory(task.id, gid, task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why})
     return Group(task, (failed,) * group_size)

@@ -1,60 +1,211 @@
-"""Checkpoints: model + tokenizer (HF format), optimizer, step, policy version and RNG state.
+"""Checkpoints that cannot be half-written (reliability.md CKPT-01, 04, 05, 07).
 
-With LoRA the model part is the adapters (`adapter_model.safetensors` + `adapter_config.json`,
-which names the base; `training/lora.py: save_adapters`) and the optimizer state is the adapters'.
+Layout under `<run_dir>/checkpoints/`:
+
+    step_000040/   model (HF format; with LoRA the adapters, whose config names the base),
+                   tokenizer, config.yaml, state.pt (optimizers, value head, critic, adapters,
+                   TrainState), manifest.json (sha256 of every other file: written last)
+    latest -> step_000040    a symlink, replaced atomically after the directory is complete
+
+A checkpoint is written into `.tmp-step_N/`, every file is flushed to disk, the manifest is
+written, the directory is renamed, and only then does `latest` move and do older checkpoints
+beyond `keep_last` go. A kill at any point leaves `latest` on a complete checkpoint; a
+left-over `.tmp-*` is removed at the next start. A file whose checksum fails makes the loader
+fall back to the previous checkpoint, with a warning.
 """
 
 from __future__ import annotations
 
-import random
+import hashlib
+import io
+import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from steprl.errors import RunAborted
 from steprl.training.lora import is_adapter_checkpoint, is_peft, load_adapter_checkpoint, save_adapters
+
+MANIFEST = "manifest.json"
+STATE = "state.pt"
+LATEST = "latest"
+
+
+class CheckpointSaveError(RunAborted):
+    """A save failed (disk full, I/O error): the previous checkpoint is intact."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:06d}"
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Every byte of state.pt and the manifest goes through here (tests inject faults)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_checkpoint(
-    path: Path,
+    root: Path,
+    step: int,
     *,
     model: Any,
     tokenizer: Any,
-    optimizer: torch.optim.Optimizer,
-    step: int,
-    version: int,
+    state: dict[str, Any],
     config_yaml: str,
-    generator: torch.Generator,
+    keep_last: int,
 ) -> Path:
-    """Write to a temp dir, then rename: a crash mid-save never leaves a half checkpoint."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    if is_peft(model):
-        save_adapters(model, tmp, path)
-    else:
-        model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(
-        {
-            "optimizer": optimizer.state_dict(),
-            "step": step,
-            "policy_version": version,
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "shuffle_rng": generator.get_state(),
-        },
-        tmp / "trainer_state.pt",
-    )
-    (tmp / "config.yaml").write_text(config_yaml)
-    if path.exists():
-        old = path.with_name(path.name + ".old")
-        path.rename(old)
-        tmp.rename(path)
-        for f in sorted(old.rglob("*"), reverse=True):
-            f.unlink() if f.is_file() else f.rmdir()
-        old.rmdir()
-    else:
-        tmp.rename(path)
+    """Write checkpoint `step` and point `latest` at it; raise `CheckpointSaveError` (one line)
+    if the disk refuses, leaving the previous checkpoint as it was."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = root / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        if is_peft(model):
+            save_adapters(model, tmp, final)
+        else:
+            model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "config.yaml").write_text(config_yaml)
+        buf = io.BytesIO()  # serialise in memory: a full disk is then an OSError from write()
+        torch.save(state, buf)
+        _write(tmp / STATE, buf.getvalue())
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        for p in files:  # what transformers and tokenizers wrote: flushed before the manifest
+            with open(p, "rb+") as f:
+                os.fsync(f.fileno())
+        manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
+        _write(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(tmp)
+        if final.exists():  # a checkpoint of the same step from before a resume: replaced whole
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync_dir(root)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_complete(root)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        free = shutil.disk_usage(root).free // 2**20
+        raise CheckpointSaveError(
+            f"checkpoint save at step {step} failed: {type(exc).__name__}: {exc} "
+            f"({free} MiB free under {root}); {kept}. Free space or move run.output_dir, then resume."
+        ) from exc
+    link = root / f".{LATEST}.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(final.name)
+    os.replace(link, root / LATEST)  # atomic: `latest` is the old or the new, never neither
+    for old in complete_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Remove what a killed save left behind (`.tmp-*`, a half-made `latest` link)."""
+    stale = [p for p in root.glob(".tmp-*")] + [p for p in root.glob(f".{LATEST}.tmp")]
+    for p in stale:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return stale
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Directories with a manifest (so fully written), oldest first."""
+    return sorted(p for p in root.glob("step_*") if (p / MANIFEST).is_file())
+
+
+def latest_complete(root: Path) -> Path | None:
+    found = complete_checkpoints(root) if root.is_dir() else []
+    return found[-1] if found else None
+
+
+def verify(path: Path) -> str | None:
+    """None if every file matches the manifest, else what is wrong (one phrase)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest ({exc})"
+    for name, digest in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if _sha256(f) != digest:
+            return f"{name} fails its checksum"
+    return None
+
+
+def find_checkpoint(root: Path, warn: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint that verifies: `latest` first, then older ones (CKPT-07)."""
+    if not root.is_dir():
+        return None
+    candidates = complete_checkpoints(root)[::-1]
+    pointed = root / LATEST
+    if pointed.is_symlink() and pointed.resolve() in [c.resolve() for c in candidates]:
+        target = pointed.resolve()
+        candidates = [target, *(c for c in candidates if c.resolve() != target)]
+    for i, c in enumerate(candidates):
+        problem = verify(c)
+        if problem is None:
+            return c
+        rest = candidates[i + 1 :]
+        warn(
+            f"WARNING: checkpoint {c} is corrupt: {problem}; "
+            + (f"falling back to {rest[0].name}" if rest else "no earlier checkpoint to fall back to")
+        )
+    return None
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """state.pt of a verified checkpoint (ours: pickled RNG states, so not weights_only)."""
+    return torch.load(path / STATE, map_location="cpu", weights_only=False)
+
+
+def load_model_weights(model: Any, path: Path) -> None:
+    """Restore a full (non-LoRA) policy from the checkpoint's safetensors, exactly."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("model*.safetensors")):
+        weights |= load_file(f)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight")}  # tied to the embeddings: saved once
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(
+            f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
+        )
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """What `steprl eval` accepts: a checkpoint directory, `checkpoints/`, or a run directory."""
+    path = Path(path)
+    for candidate in (path, path / LATEST, path / "checkpoints" / LATEST):
+        if (candidate / "config.yaml").is_file():
+            return candidate.resolve()
     return path
 
 

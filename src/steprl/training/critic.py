@@ -99,7 +99,10 @@ class SeparateCritic:
         generator: torch.Generator,
     ) -> dict[str, float]:
         """Clipped value regression onto `Sample.returns` (token-mean over action tokens)."""
+        from steprl.training.learner import grad_metrics, guarded_step  # (learner imports this module)
+
         losses: list[float] = []
+        norms: list[float] = []
         for _ in range(epochs):
             for mb in minibatches(len(samples), mini_batches, generator):
                 rows = [samples[i] for i in mb]
@@ -116,12 +119,14 @@ class SeparateCritic:
                     )
                     loss.backward()
                     total += loss.item()
-                torch.nn.utils.clip_grad_norm_(
-                    [*self.model.parameters(), *self.head.parameters()], self.grad_clip
-                )
-                self.optimizer.step()
+                params = [*self.model.parameters(), *self.head.parameters()]
+                norms.append(guarded_step(self.optimizer, params, self.grad_clip))
                 losses.append(total)
-        return {"critic/value_loss": sum(losses) / max(len(losses), 1)}
+        stats = grad_metrics("critic", norms, float("inf"))
+        return {
+            "critic/value_loss": sum(losses) / max(len(losses), 1),
+            "critic/nonfinite_skips": stats["critic/nonfinite_skips"],
+        }
 
 
 class SharedCritic:

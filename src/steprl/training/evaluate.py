@@ -23,5 +23,6 @@ def evaluate(
         "eval/calls_per_success": m["tools/calls_per_success"],
         "eval/turns_mean": m["episode/turns_mean"],
         "eval/infra_failed": m["end/infra_failed"],
+        "eval/env_timeout": m["end/env_timeout"],
         "eval/tasks": float(len(trajs)),
     }, trajs

@@ -1,9 +1,8 @@
 """Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`): the env, tasks, backend
-and prompt format come from the checkpoint's config, as in training (`env_setup`)."""
+and prompt format come from the checkpoint's config, as in training (`training/build.py`)."""
 
 from __future__ import annotations
 
-from itertools import islice
 from pathlib import Path
 
 import torch
@@ -11,11 +10,11 @@ import transformers
 from transformers import AutoTokenizer
 
 from steprl.config import Config
-from steprl.rollout.context import CONTEXT_RULES
+from steprl.rollout import seeds
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.training import env_setup
+from steprl.training.build import eval_tasks, rollout_setup
 from steprl.training.checkpoint import load_checkpoint_model
 from steprl.training.evaluate import evaluate
 
@@ -24,7 +23,6 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
     transformers.utils.logging.disable_progress_bar()
     model = load_checkpoint_model(checkpoint, dtype=torch.float32)  # LoRA: the base, adapters merged
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    spec = env_setup.env_spec(cfg)
     engine = HFEngine(
         model,
         eos_token_id=tokenizer.eos_token_id,
@@ -32,18 +30,9 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
         device=cfg.model.device,
         seed=cfg.run.seed,
     )
-    eval_tasks = list(islice(spec.tasks("eval", 10_000 + cfg.run.seed, **cfg.env.task_params), tasks))
     fmt = env_setup.prompt_format(cfg, tokenizer)
     with env_setup.env_pool(cfg) as envs:
-        setup = RolloutSetup(
-            make_env=envs.make_env,
-            engine=engine,
-            fmt=fmt,
-            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt),
-            sampling=SamplingParams(temperature=temperature),
-            budgets=Budgets(
-                cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens
-            ),
-        )
-        metrics, _ = evaluate(eval_tasks, setup, seed=777)
+        setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature))
+        held_out = eval_tasks(cfg, env_setup.env_spec(cfg), tasks)
+        metrics, _ = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed, 0))
     return metrics

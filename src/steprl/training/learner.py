@@ -7,6 +7,7 @@ per-token advantages (and critic targets, when a shared value head is trained).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ class Learner:
         ref_model: torch.nn.Module | None = None,
         value_head: ValueHead | None = None,
         device: str = "cpu",
+        grad_spike_norm: float = float("inf"),
     ) -> None:
         self.model = model.to(device).train()
         self.device = device
@@ -64,6 +66,7 @@ class Learner:
         self.aggregation = aggregation
         self.loss_scale_factor = loss_scale_factor
         self.grad_clip = grad_clip
+        self.grad_spike_norm = grad_spike_norm
         self.micro_batch_size = micro_batch_size
         self.pad_id = pad_id
         self.temperature = temperature
@@ -152,11 +155,9 @@ class Learner:
                     for key, val in stats.items():
                         sums[key] = sums.get(key, 0.0) + val * n
                     tokens_seen += n
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)))
-                self.optimizer.step()
+                grad_norms.append(guarded_step(self.optimizer, self.params, self.grad_clip))
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
-        metrics["actor/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["actor/optimizer_steps"] = float(len(grad_norms))
+        metrics |= grad_metrics("actor", grad_norms, self.grad_spike_norm)
         metrics["actor/engine_logprob_diff_max"] = first_mismatch or 0.0
         return metrics
 
@@ -218,6 +219,30 @@ class Learner:
         return stats
 
 
+def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], grad_clip: float) -> float:
+    """Clip and step, unless the loss or a gradient is NaN or Inf (NUM-01): then the step is
+    skipped (parameters and optimizer state stay as they were). Returns the pre-clip norm (a
+    spike above the clip is clipped as any norm is: NUM-02)."""
+    norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    if math.isfinite(norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def grad_metrics(prefix: str, norms: Sequence[float], spike_norm: float) -> dict[str, float]:
+    """Pre-clip gradient norms of one update: mean and max of the finite ones, the skipped
+    (non-finite) steps, and the spikes (a norm above `spike_norm`, flagged)."""
+    finite = [n for n in norms if math.isfinite(n)]
+    return {
+        f"{prefix}/grad_norm": sum(finite) / len(finite) if finite else 0.0,
+        f"{prefix}/grad_norm_max": max(finite, default=0.0),
+        f"{prefix}/optimizer_steps": float(len(finite)),
+        f"{prefix}/nonfinite_skips": float(len(norms) - len(finite)),
+        f"{prefix}/grad_spikes": float(sum(n > spike_norm for n in finite)),
+    }
+
+
 def _stack(per_sample: list[torch.Tensor], idx: list[int], shape: torch.Size) -> torch.Tensor:
     out = torch.zeros(shape)
     for r, i in enumerate(idx):
@@ -226,4 +251,4 @@ def _stack(per_sample: list[torch.Tensor], idx: list[int], shape: torch.Size) ->
     return out
 
 
-__all__ = ["Learner", "Regularizers"]
+__all__ = ["Learner", "Regularizers", "grad_metrics", "guarded_step"]

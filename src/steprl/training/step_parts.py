@@ -4,9 +4,9 @@ advantage pass. Each is algorithm-blind: the functions it calls are looked up by
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
 from typing import Protocol
 
 import torch
@@ -16,18 +16,21 @@ from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput
 from steprl.config import AlgorithmSection
 from steprl.rollout.loop import RolloutSetup, rollout_groups
 from steprl.rollout.views import Sample
+from steprl.training.state import TaskStream
 from steprl.types import Group, Task, Trajectory
 
-#: (tasks, group_size, seed) -> one Group per task. In-process: `asyncio.run(rollout_groups(...))`;
-#: Ray: `RayRolloutPool.rollout_groups`. The trainer does not care which.
+#: (tasks, group_size, first_index) -> one Group per task; `first_index` is the stream position
+#: of `tasks[0]`, which keys the episode seeds (`rollout/seeds.py`). In-process:
+#: `asyncio.run(rollout_groups(...))`; Ray: `RayRolloutPool.rollout_groups`. The trainer does not
+#: care which.
 RolloutFn = Callable[[Sequence[Task], int, int], list[Group]]
 
 
-def local_rollout(setup: RolloutSetup) -> RolloutFn:
+def local_rollout(setup: RolloutSetup, seed: int) -> RolloutFn:
     """Run the agent loop in this process on one asyncio loop per call."""
 
-    def run(tasks: Sequence[Task], group_size: int, seed: int) -> list[Group]:
-        return asyncio.run(rollout_groups(tasks, group_size, setup, seed=seed))
+    def run(tasks: Sequence[Task], group_size: int, first_index: int) -> list[Group]:
+        return asyncio.run(rollout_groups(tasks, group_size, setup, seed=seed, first_index=first_index))
 
     return run
 
@@ -35,14 +38,27 @@ def local_rollout(setup: RolloutSetup) -> RolloutFn:
 class RemoteRollouts(Protocol):
     """Rollouts that run elsewhere (e.g. `steprl.rollout.ray_workers.RayRolloutPool`)."""
 
-    def rollout_groups(self, tasks: Sequence[Task], group_size: int, *, seed: int) -> list[Group]: ...
+    def rollout_groups(
+        self, tasks: Sequence[Task], group_size: int, *, seed: int, first_index: int = 0
+    ) -> list[Group]: ...
 
 
-def remote_rollout(pool: RemoteRollouts) -> RolloutFn:
-    def run(tasks: Sequence[Task], group_size: int, seed: int) -> list[Group]:
-        return pool.rollout_groups(tasks, group_size, seed=seed)
+def remote_rollout(pool: RemoteRollouts, seed: int) -> RolloutFn:
+    def run(tasks: Sequence[Task], group_size: int, first_index: int) -> list[Group]:
+        return pool.rollout_groups(tasks, group_size, seed=seed, first_index=first_index)
 
     return run
+
+
+def valid(t: Trajectory) -> bool:
+    """Trainable: ended by the policy or the env (not the infrastructure), with at least one
+    step, and finite rewards (NUM-03: a NaN or Inf reward invalidates the trajectory)."""
+    return (
+        t.trainable
+        and bool(t.steps)
+        and math.isfinite(t.outcome_reward)
+        and all(math.isfinite(s.reward) for s in t.steps)
+    )
 
 
 @dataclass(frozen=True)
@@ -53,14 +69,13 @@ class CollectedGroups:
 
 
 def collect_groups(
-    tasks: Iterator[Task],
+    tasks: TaskStream,
     *,
     tasks_per_step: int,
     group_size: int,
     rollout: RolloutFn,
     group_filter: Callable[..., torch.Tensor],
     regenerations: int,
-    seed: int,
     failure_budget: float = 1.0,
 ) -> CollectedGroups:
     """Roll out `tasks_per_step` groups, filter them, and (DAPO dynamic sampling) roll out more
@@ -76,8 +91,8 @@ def collect_groups(
     rounds = 0
     over_budget = 0
     while True:
-        batch = list(islice(tasks, tasks_per_step))
-        groups = rollout(batch, group_size, seed + 7919 * rounds)
+        first, batch = tasks.take(tasks_per_step)
+        groups = rollout(batch, group_size, first)
         round_trajs = [t for g in groups for t in g.trajectories]
         rollouts += round_trajs
         groups_in += len(groups)
@@ -85,9 +100,7 @@ def collect_groups(
         if round_trajs and failed / len(round_trajs) > failure_budget:
             over_budget += 1
             groups = []
-        trainable = [
-            Group(g.task, tuple(t for t in g.trajectories if t.trainable and t.steps)) for g in groups
-        ]
+        trainable = [Group(g.task, tuple(t for t in g.trajectories if valid(t))) for g in groups]
         trainable = [g for g in trainable if g.trajectories]
         rewards = [torch.tensor([t.outcome_reward for t in g.trajectories]) for g in trainable]
         keep = group_filter(rewards).tolist() if rewards else []
@@ -105,6 +118,9 @@ def collect_groups(
             "filter/regenerations": float(rounds - 1),
             "filter/skipped_step": float(not kept),
             "infra/failed_frac": sum(not t.trainable for t in rollouts) / max(1, len(rollouts)),
+            "invalid/nonfinite_reward": float(
+                sum(t.trainable and bool(t.steps) and not valid(t) for t in rollouts)
+            ),
             "infra/over_budget_rounds": float(over_budget),
         },
     )

@@ -1,0 +1,232 @@
+"""`build(cfg)`: wire what a run trains and samples with, once: policy, engine (and Ray rollout
+workers), learner, critic, KL reference, the rollout function, the task streams. The trainer
+reads `Parts`; `steprl eval` and the SFT warm start share `rollout_setup` and `env_setup`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Any
+
+import torch
+
+from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
+from steprl.config import Config
+from steprl.envs.spec import EnvSpec
+from steprl.hosting.pool import EnvPool
+from steprl.models.sources import DTYPES
+from steprl.rollout import seeds
+from steprl.rollout.chat import PromptFormat
+from steprl.rollout.context import CONTEXT_RULES, ContextRule
+from steprl.rollout.engines.base import Engine, SamplingParams
+from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.loop import Budgets, RolloutSetup
+from steprl.rollout.views import Sample, packed_view, per_step_view
+from steprl.training import env_setup
+from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
+from steprl.training.learner import Learner, Regularizers
+from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
+from steprl.training.policy import Policy, load_policy
+from steprl.training.step_parts import RolloutFn, local_rollout, remote_rollout
+from steprl.types import Task, Trajectory
+
+ToSamples = Callable[[Trajectory, int], list[Sample]]
+
+
+@dataclass
+class Parts:
+    """Everything a run holds. Mutable objects (models, optimizers, engines) wired once."""
+
+    policy: Policy
+    fmt: PromptFormat
+    rule: ContextRule
+    to_samples: ToSamples  # trajectory (+ its index in the batch) -> training rows
+    engine: HFEngine
+    remote: Any  # RayRolloutPool | None: the agent loop on Ray rollout workers
+    learner: Learner
+    critic: SeparateCritic | SharedCritic | None
+    ref_model: torch.nn.Module | None  # the KL reference (LoRA: the base, adapters off)
+    setup: RolloutSetup
+    rollout: RolloutFn
+    advantage_fn: Callable[..., Any]
+    group_filter: Callable[..., torch.Tensor]
+    env_spec: EnvSpec
+    eval_tasks: list[Task]
+    eval_sampling: SamplingParams
+
+    def train_tasks(self, cfg: Config) -> Iterator[Task]:
+        """The train split from its start (a resume skips to its cursor)."""
+        return self.env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
+
+    def push_weights(self, version: int) -> None:
+        """The learner's weights to every engine copy, as policy `version`."""
+        update = self.learner.state_dict_for_engine()
+        self.engine.update_weights(update, version=version)
+        if self.remote is not None:
+            self.remote.sync_weights(update, version=version)
+
+
+def budgets(cfg: Config) -> Budgets:
+    return Budgets(cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn, cfg.rollout.max_total_tokens)
+
+
+def rollout_setup(
+    cfg: Config, engine: Engine, fmt: PromptFormat, envs: EnvPool, sampling: SamplingParams
+) -> RolloutSetup:
+    """The agent loop's set-up: shared by training, evaluation and `steprl eval`."""
+    rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt)
+    return RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
+
+
+def eval_tasks(cfg: Config, spec: EnvSpec, n: int) -> list[Task]:
+    """The held-out tasks: the first `n` of the eval split (the same for every evaluation)."""
+    return list(islice(spec.tasks("eval", seeds.eval_task_seed(cfg.run.seed), **cfg.env.task_params), n))
+
+
+def build(
+    cfg: Config, envs: EnvPool, cleanup: contextlib.ExitStack, log: Callable[[str], None], *, resuming: bool
+) -> Parts:
+    spec = env_setup.env_spec(cfg)
+    if resuming and cfg.model.lora is not None and cfg.model.name != "tiny":
+        # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "pretrained"})})
+    policy = load_policy(cfg, log, envs.make_env)
+    log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
+    # LoRA (model.lora): the learner trains adapters on the frozen base; the engines keep a plain
+    # copy of the base and merge each adapter update into it (training/lora.py)
+    if cfg.model.lora is not None and not is_peft(policy.model):  # (a warm start applies it first)
+        policy.model = apply_lora(policy.model, cfg.model.lora, log)
+    engine_model = plain_base(policy.model) if is_peft(policy.model) else copy.deepcopy(policy.model)
+    if cfg.model.engine_dtype != "auto":  # e.g. bf16 generation (2.2x faster on CPU) for an fp32 learner
+        engine_model = engine_model.to(DTYPES[cfg.model.engine_dtype])
+    fmt = env_setup.prompt_format(cfg, policy.tokenizer)
+    rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt)
+    per_turn = env_setup.check_prompt_format(fmt, cfg, log)  # a chat template that fails: refused
+    # append-only context: one packed sequence per trajectory; other rules: one row per step
+    to_samples: ToSamples = (
+        (lambda t, i: [packed_view(t, i)]) if rule.append_only and not per_turn else per_step_view
+    )
+    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+    # The engine serves its own copy of the weights; the learner pushes new ones after each update.
+    # Its seed is the run's for the whole run: every request carries its own (rollout/seeds.py).
+    engine = HFEngine(
+        engine_model,
+        eos_token_id=policy.tokenizer.eos_token_id,
+        pad_token_id=policy.tokenizer.pad_token_id,
+        device=cfg.model.device,
+        max_batch_size=cfg.rollout.max_batch_size,
+        seed=cfg.run.seed,
+    )
+    algo = cfg.algorithm
+    loss_spec = POLICY_LOSSES[algo.policy_loss]
+    # a frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the base
+    # with the adapters switched off)
+    ref_model = (
+        (AdaptersDisabled(policy.model) if cfg.model.lora else copy.deepcopy(policy.model)).eval()
+        if algo.kl_coef > 0
+        else None
+    )
+    value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
+    learner = Learner(
+        policy.model,
+        policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
+        needs_proximal=loss_spec.needs_proximal,
+        aggregation=algo.aggregation,
+        loss_scale_factor=algo.loss_scale_factor,
+        lr=cfg.trainer.lr,
+        weight_decay=cfg.trainer.weight_decay,
+        betas=cfg.trainer.betas,
+        grad_clip=cfg.trainer.grad_clip,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        pad_id=policy.tokenizer.pad_token_id,
+        # greedy (T=0) log-probs are reported under the unscaled softmax, as the engine does
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        regularizers=Regularizers(
+            entropy_coef=algo.entropy_coef,
+            kl_coef=algo.kl_coef if algo.kl_in == "loss" else 0.0,
+            kl_kind=algo.kl_kind,
+            vf_coef=algo.vf_coef,
+            value_clip=algo.value_clip,
+        ),
+        ref_model=ref_model if algo.kl_in == "loss" else None,  # in-reward KL: training/step_batch.py
+        value_head=value_head,
+        device=cfg.model.device,
+        grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,
+    )
+    if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
+        engine.update_weights(learner.state_dict_for_engine(), version=engine.version)
+    critic: SeparateCritic | SharedCritic | None = None
+    if algo.critic == "separate":
+        critic = SeparateCritic(
+            policy.model,
+            lr=algo.critic_lr,
+            value_clip=algo.value_clip,
+            grad_clip=cfg.trainer.grad_clip,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            pad_id=policy.tokenizer.pad_token_id,
+        )
+    elif value_head is not None:
+        critic = SharedCritic(
+            policy.model,
+            value_head,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            pad_id=policy.tokenizer.pad_token_id,
+        )
+    setup = RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
+    rollout = local_rollout(setup, cfg.run.seed)
+    remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
+    if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
+        from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
+
+        remote = RayRolloutPool(
+            engine_model,  # a plain model (LoRA: the base; adapter updates are merged into it)
+            fmt,
+            pad_token_id=policy.tokenizer.pad_token_id,
+            num_workers=cfg.runtime.rollout_workers,
+            envs=WorkerEnvs(
+                cfg.env.name,
+                cfg.env.params,
+                "ray",
+                cfg.runtime.env_workers,
+                cfg.runtime.env_call_timeout_s,
+                tuple(cfg.env.plugins),
+            ),
+            rule=rule,
+            sampling=sampling,
+            budgets=budgets(cfg),
+            seed=cfg.run.seed,
+            max_batch_size=cfg.rollout.max_batch_size,
+            torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
+        )
+        cleanup.callback(remote.close)
+        if is_peft(policy.model):
+            remote.sync_weights(learner.state_dict_for_engine(), version=engine.version)
+        rollout = remote_rollout(remote, cfg.run.seed)
+        log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
+    return Parts(
+        policy=policy,
+        fmt=fmt,
+        rule=rule,
+        to_samples=to_samples,
+        engine=engine,
+        remote=remote,
+        learner=learner,
+        critic=critic,
+        ref_model=ref_model,
+        setup=setup,
+        rollout=rollout,
+        advantage_fn=functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params),
+        group_filter=functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params),
+        env_spec=spec,
+        eval_tasks=eval_tasks(cfg, spec, cfg.trainer.eval_tasks),
+        eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
+    )
+
+
+def eval_setup(parts: Parts) -> RolloutSetup:
+    return replace(parts.setup, sampling=parts.eval_sampling)

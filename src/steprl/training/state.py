@@ -1,0 +1,108 @@
+"""`TrainState`: everything a run carries from one RL step to the next besides the weights and
+optimizers, so that a checkpoint plus this record continues a run exactly (CKPT-02).
+
+Sampling needs no state here: every episode's seed is keyed by its task's position in the
+stream (`rollout/seeds.py`), so the task-stream cursor is all the rollouts need. What remains
+are the generators that are consumed as the run goes: mini-batch shuffling, and the global
+torch / Python / NumPy generators (for anything else that draws from them).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import torch
+
+from steprl.types import Task
+
+
+class TaskStream:
+    """The train split as an iterator that counts what it handed out: `cursor` is the stream
+    position of the next task, which keys that task's episode seeds."""
+
+    def __init__(self, source: Iterator[Task], cursor: int = 0) -> None:
+        self._source = source
+        self.cursor = 0
+        for _ in islice(self._source, cursor):  # resume: tasks are a pure function of the seed
+            self.cursor += 1
+        if self.cursor != cursor:
+            raise ValueError(f"the task stream ended at {self.cursor} tasks; the checkpoint is at {cursor}")
+
+    def take(self, n: int) -> tuple[int, list[Task]]:
+        """The next `n` tasks (fewer if the stream ends) and the stream position of the first."""
+        first = self.cursor
+        tasks = list(islice(self._source, n))
+        self.cursor += len(tasks)
+        return first, tasks
+
+
+@dataclass(frozen=True)
+class RngState:
+    """The generators a step consumes, captured between steps."""
+
+    shuffle: torch.Tensor  # mini-batch order (learner and critic)
+    torch_global: torch.Tensor
+    python: tuple[Any, ...]
+    numpy: dict[str, Any]
+
+    @staticmethod
+    def capture(shuffle: torch.Generator) -> RngState:
+        return RngState(
+            shuffle.get_state(), torch.get_rng_state(), random.getstate(), np.random.get_state(legacy=False)
+        )
+
+    def restore(self, shuffle: torch.Generator) -> None:
+        shuffle.set_state(self.shuffle)
+        torch.set_rng_state(self.torch_global)
+        random.setstate(self.python)
+        np.random.set_state(self.numpy)
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """Where the run is, after `step` RL steps (0 = before the first)."""
+
+    step: int
+    policy_version: int
+    task_cursor: int  # tasks consumed from the train stream (regenerations included)
+    rng: RngState
+    kl_beta: float  # the reward-KL coefficient (adaptive controller: its current value)
+    env_ids: dict[str, int] = field(default_factory=dict)  # env name -> index (per-env estimators)
+    nonfinite_streak: int = 0  # consecutive steps with a skipped (non-finite) optimizer step
+    failed_streak: int = 0  # consecutive steps over runtime.failure_budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "task_cursor": self.task_cursor,
+            "rng": {
+                "shuffle": self.rng.shuffle,
+                "torch_global": self.rng.torch_global,
+                "python": self.rng.python,
+                "numpy": self.rng.numpy,
+            },
+            "kl_beta": self.kl_beta,
+            "env_ids": dict(self.env_ids),
+            "nonfinite_streak": self.nonfinite_streak,
+            "failed_streak": self.failed_streak,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> TrainState:
+        r = d["rng"]
+        return TrainState(
+            step=int(d["step"]),
+            policy_version=int(d["policy_version"]),
+            task_cursor=int(d["task_cursor"]),
+            rng=RngState(r["shuffle"], r["torch_global"], tuple(r["python"]), r["numpy"]),
+            kl_beta=float(d["kl_beta"]),
+            env_ids=dict(d["env_ids"]),
+            nonfinite_streak=int(d.get("nonfinite_streak", 0)),
+            failed_streak=int(d.get("failed_streak", 0)),
+        )
