@@ -1,7 +1,9 @@
 """Typed run configuration: small pydantic sections, YAML in, dotted `--set` overrides.
 
-Every section forbids unknown keys, and every error names the key and the allowed values, e.g.
-`rollout.grup_size: unknown key; allowed keys: context, group_size, ...`.
+Every section forbids unknown keys, and every error is one line (`ConfigError`) naming the key
+and the allowed values, e.g. `rollout.grup_size: unknown key; allowed keys: context, group_size,
+...`; a YAML syntax error names its file, line and column. What depends on this machine (device,
+output directory) and warnings about valid settings that mean nothing: `steprl.config_checks`.
 Derived sizes (trajectories per step, mini-batch size) are computed once and printed at start.
 """
 
@@ -10,12 +12,28 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES, AGGREGATIONS, GROUP_FILTERS, POLICY_LOSSES
+from steprl.algorithms import (
+    ADVANTAGE_NEEDS_CRITIC,
+    ADVANTAGES,
+    AGGREGATIONS,
+    GROUP_FILTERS,
+    POLICY_LOSSES,
+    estimators,
+    filters,
+)
 from steprl.errors import UserError
 
 
@@ -101,8 +119,8 @@ class ModelSection(_Section):
         # caught here, not after the tiny model's minute-long warm start
         if self.name == "tiny" and self.format == "chat" and self.chat_template is None:
             raise ValueError(
-                "model.format=chat: the tiny model's tokenizer has no chat template; use model.format=plain "
-                "(or auto), or give one with model.chat_template"
+                "model.name, model.format: format=chat needs a chat template and the tiny model's "
+                "tokenizer has none; use model.format=plain (or auto), or give one with model.chat_template"
             )
         return self
 
@@ -219,37 +237,69 @@ class AlgorithmSection(_Section):
     def _known_filter(cls, v: str) -> str:
         return _one_of(v, GROUP_FILTERS)
 
+    @field_validator("empg", "overlong", mode="before")
+    @classmethod
+    def _known_keys(cls, v: Any, info: ValidationInfo) -> Any:
+        # keyword arguments of entropy_modulated(inputs, advantages, **empg) and of
+        # overlong_shaping(lengths, **overlong); checked before the values (a typo is not a "number")
+        if isinstance(v, dict) and info.field_name == "empg":
+            _check_params("algorithm.empg", estimators.entropy_modulated, v, skip=2)
+        elif isinstance(v, dict):
+            _check_params("algorithm.overlong", filters.overlong_shaping, v, required=True)
+        return v
+
+    @field_validator("overlong")
+    @classmethod
+    def _overlong_range(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and not (0 <= v["cache_len"] <= v["max_len"] and v.get("penalty", 1.0) >= 0):
+            raise ValueError(
+                "algorithm.overlong: need 0 <= cache_len <= max_len and penalty >= 0 (got "
+                + ", ".join(f"{k}={x:g}" for k, x in v.items())
+                + "); DAPO uses max_len=20480, cache_len=4096, penalty=1.0"
+            )
+        return v
+
     @model_validator(mode="after")
     def _params_match_signatures(self) -> AlgorithmSection:
         _check_params("algorithm.advantage_params", ADVANTAGES[self.advantage], self.advantage_params)
         _check_params("algorithm.loss_params", POLICY_LOSSES[self.policy_loss].fn, self.loss_params)
         _check_params("algorithm.filter_params", GROUP_FILTERS[self.group_filter], self.filter_params)
         if self.aggregation == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
-            raise ValueError("seq-mean-token-sum-norm needs algorithm.loss_scale_factor (a pinned constant)")
+            raise ValueError(
+                "algorithm.aggregation, algorithm.loss_scale_factor: aggregation=seq-mean-token-sum-norm "
+                "needs loss_scale_factor (a pinned constant, e.g. rollout.max_total_tokens)"
+            )
         if self.kl_ctrl == "adaptive" and (self.kl_in != "reward" or self.kl_coef <= 0):
             raise ValueError(
-                "algorithm.kl_ctrl=adaptive adapts the KL coefficient of the reward: set "
-                "algorithm.kl_in=reward and algorithm.kl_coef > 0 (its start value, e.g. 0.001), "
-                "or use kl_ctrl=fixed"
+                "algorithm.kl_ctrl, algorithm.kl_in, algorithm.kl_coef: kl_ctrl=adaptive adapts the KL "
+                f"coefficient of the reward and needs kl_in=reward and kl_coef > 0, its start value, e.g. "
+                f"0.001 (got kl_in={self.kl_in}, kl_coef={self.kl_coef}); or use kl_ctrl=fixed"
             )
         if ADVANTAGE_NEEDS_CRITIC.get(self.advantage) and self.critic == "none":
             raise ValueError(
-                f"advantage {self.advantage!r} needs a critic: set algorithm.critic=separate|shared"
+                f"algorithm.advantage, algorithm.critic: advantage={self.advantage} needs a critic "
+                "(got critic=none); set algorithm.critic=separate or algorithm.critic=shared"
             )
         return self
 
 
-def _check_params(key: str, fn: Any, params: dict[str, Any]) -> None:
-    """Every param must be a named argument of `fn` other than its first (the inputs)."""
+def _check_params(
+    key: str, fn: Any, params: dict[str, Any], *, skip: int = 1, required: bool = False
+) -> None:
+    """Every param must be a named argument of `fn` after its first `skip` (the inputs);
+    `required`: its arguments without a default must be given too."""
     named = [
         p
-        for p in inspect.signature(fn).parameters.values()
+        for p in list(inspect.signature(fn).parameters.values())[skip:]
         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    allowed = [p.name for p in named[1:]]
-    unknown = sorted(set(params) - set(allowed))
+    allowed = ", ".join(p.name for p in named)
+    unknown = sorted(set(params) - {p.name for p in named})
     if unknown:
-        raise ValueError(f"{key}: unknown {unknown}; allowed keys: {allowed}")
+        raise ValueError(f"{key}: unknown key(s) {', '.join(unknown)}; allowed keys: {allowed}")
+    missing = [p.name for p in named if required and p.default is p.empty and p.name not in params]
+    if missing:
+        raise ValueError(f"{key}: missing key(s) {', '.join(missing)}; allowed keys: {allowed}")
 
 
 class TrainerSection(_Section):
@@ -270,6 +320,15 @@ class TrainerSection(_Section):
     max_nonfinite_skips: int = Field(3, gt=0)
     # NUM-02: a pre-clip gradient norm above grad_spike_factor * grad_clip is flagged
     grad_spike_factor: float = Field(100.0, gt=1)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(
+                f"each beta must be in [0, 1) (got {list(v)}); Adam's usual values: [0.9, 0.999]"
+            )
+        return v
 
 
 class RuntimeSection(_Section):
@@ -343,25 +402,31 @@ def _one_of(value: str, allowed: Any) -> str:
 def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
     cls: Any = model
     for part in loc[:-1]:
-        field = cls.model_fields.get(str(part)) if hasattr(cls, "model_fields") else None
-        if field is None or not (
-            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        ):
+        field = cls.model_fields.get(str(part))
+        kinds = () if field is None else (field.annotation, *get_args(field.annotation))  # X | None
+        cls = next((t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)), None)
+        if cls is None:
             return []
-        cls = field.annotation
-    return sorted(cls.model_fields) if hasattr(cls, "model_fields") else []
+    return sorted(cls.model_fields)
 
 
 def _format_errors(err: ValidationError) -> str:
+    """One line: `key: problem` per error, joined by "; ". A check over several fields (a
+    model validator) names its fields itself and never echoes the whole section back."""
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(Config, e["loc"])
             lines.append(f"{key}: unknown key; allowed keys here: {', '.join(allowed)}")
+        elif e["type"] == "value_error":  # our validators: the message names its keys and values
+            section = f"{e['loc'][0]}." if e["loc"] else ""
+            lines.append(msg if section and msg.startswith(section) else f"{key}: {msg}".lstrip(": "))
         else:
-            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
-    return "invalid config:\n  " + "\n  ".join(lines)
+            got = repr(e.get("input"))
+            lines.append(f"{key}: {msg} (got {got if len(got) <= 80 else got[:77] + '...'})")
+    return "invalid config: " + "; ".join(" ".join(line.split()) for line in lines)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -369,17 +434,37 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.lr=3e-4)")
     key, raw = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            f"override {item!r}: the value is not valid YAML ({problem}); quote it, e.g. {key}='...'"
+        ) from None
+    return key.strip().split("."), value
+
+
+def _read_yaml(p: Path) -> Any:
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {p} cannot be read: {err}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Read YAML (or start from defaults), apply `key=value` overrides, validate."""
+    """Read YAML (or start from defaults), apply `key=value` overrides, validate. What depends
+    on this machine (the device, the output directory) is `steprl.config_checks.check_host`."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist (see configs/ for examples)")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        loaded = _read_yaml(p) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (run:, model:, ...)")
         data = loaded

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import json
 import os
 import sys
@@ -39,9 +40,11 @@ __all__ = [
     "ENVS",
     "FAMILIES",
     "EnvLoadError",
+    "EnvParamsError",
     "EnvSpec",
     "TaskFactory",
     "UnknownEnvError",
+    "check_params",
     "get_spec",
     "load_plugins",
     "make_env",
@@ -62,6 +65,10 @@ class UnknownEnvError(EnvLoadError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown env"
+
+
+class EnvParamsError(EnvLoadError):
+    """`env.params` or `env.task_params` that the env's factory or task generator does not take."""
 
 
 def _builtin_specs() -> dict[str, EnvSpec]:
@@ -210,6 +217,44 @@ def _from_entry_point(name: str) -> EnvSpec:
     except Exception as exc:
         raise EnvLoadError(f"{where}: loading it failed: {type(exc).__name__}: {exc}") from None
     return _as_spec(obj, where)
+
+
+def _keywords(fn: Callable[..., Any], skip: int) -> tuple[list[str], list[str]] | None:
+    """(accepted, required) keyword names of `fn` after its first `skip` parameters; None when
+    it takes **kwargs (it checks them itself: the gym and mcp families, wrappers) or has no
+    signature."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    named = [p for p in params if p.kind is not p.VAR_POSITIONAL][skip:]
+    named = [p for p in named if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in named], [p.name for p in named if p.default is p.empty]
+
+
+def check_params(spec: EnvSpec, params: Mapping[str, Any], task_params: Mapping[str, Any]) -> None:
+    """`params` must be keyword arguments of `spec.factory`, `task_params` of `spec.tasks`
+    (after its split and seed): a bad key is one line now, not a TypeError in the first episode."""
+    for key, fn, given, skip, what in (
+        ("env.params", spec.factory, params, 0, "its factory"),
+        ("env.task_params", spec.tasks, task_params, 2, "its task generator"),
+    ):
+        keywords = _keywords(fn, skip)
+        if keywords is None:
+            continue
+        accepted, required = keywords
+        unknown = sorted(set(given) - set(accepted))
+        missing = [k for k in required if k not in given]
+        if unknown or missing:
+            problem = (
+                f"unknown key(s) {', '.join(unknown)}" if unknown else f"missing key(s) {', '.join(missing)}"
+            )
+            raise EnvParamsError(
+                f"{key}: {problem} for env {spec.name!r}; allowed keys ({what}): "
+                f"{', '.join(accepted) or '(none)'}"
+            )
 
 
 def make_env(name: str, **params: Any) -> Env:

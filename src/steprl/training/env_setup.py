@@ -16,7 +16,7 @@ from typing import Any
 
 from steprl.config import Config
 from steprl.envs.base import maybe_await
-from steprl.envs.registry import EnvSpec, get_spec, load_plugins
+from steprl.envs.registry import EnvParamsError, EnvSpec, check_params, get_spec, load_plugins
 from steprl.errors import UserError
 from steprl.hosting.backend import make_backend
 from steprl.hosting.pool import EnvPool
@@ -29,13 +29,20 @@ class EnvStartError(UserError):
 
 
 def env_spec(cfg: Config) -> EnvSpec:
-    """The spec `env.name` resolves to (after importing `env.plugins`), tasks from `env.task_file`."""
+    """The spec `env.name` resolves to (after importing `env.plugins`), tasks from `env.task_file`;
+    `env.params` and `env.task_params` checked against what its factory and tasks take."""
     load_plugins(cfg.env.plugins)
     spec = get_spec(cfg.env.name, cfg.env.params)
     tf = cfg.env.task_file
+    check_params(spec, cfg.env.params, {} if tf is not None else cfg.env.task_params)
     if tf is not None:
         from steprl.envs.task_file import TaskFile, with_task_file
 
+        if cfg.env.task_params:
+            raise EnvParamsError(
+                f"env.task_params {sorted(cfg.env.task_params)} with env.task_file: tasks from a file "
+                "take no task params; remove env.task_params, or put the values in the file's rows"
+            )
         spec = with_task_file(spec, TaskFile(**tf.model_dump()))
     return spec
 

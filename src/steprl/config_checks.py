@@ -1,0 +1,130 @@
+"""What a valid config still has to pass on this machine, and what it sets for nothing.
+
+`check_host(cfg)`: `model.device` exists here and `run.output_dir` can hold the run directory;
+each failure is a `ConfigError`, one line that names the key and the allowed values, raised
+before any work (the CLI calls it right after `load_config`).
+
+`config_warnings(cfg)`: settings that are valid but mean nothing in this config (a critic no
+advantage reads, `keep_last_k` under a context rule without a window, an option of a runtime
+backend that is not selected, ...), one line each; the trainer logs them once at start.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC
+from steprl.config import Config, ConfigError, RolloutSection, RuntimeSection
+
+__all__ = ["check_device", "check_host", "check_output_dir", "config_warnings"]
+
+#: Context rules that read `rollout.keep_last_k`.
+_WINDOWED = ("keep_last_k", "drop_old_observations")
+
+
+def check_host(cfg: Config, *, device: bool = True, output_dir: bool = True) -> None:
+    """`check_device` and `check_output_dir` for `cfg` (`steprl eval` and `sft` write no run
+    directory; `steprl check-env` needs neither)."""
+    if device:
+        check_device(cfg.model.device)
+    if output_dir:
+        check_output_dir(cfg.run.output_dir, cfg.run.name)
+
+
+def _allowed_devices(n_cuda: int, mps: bool) -> str:
+    cuda = [] if n_cuda == 0 else ["cuda", "cuda:0" if n_cuda == 1 else f"cuda:0..cuda:{n_cuda - 1}"]
+    return ", ".join(["cpu", *cuda, *(["mps"] if mps else [])])
+
+
+def check_device(device: str) -> None:
+    """`model.device` is cpu, a CUDA device this machine has, or mps where it is available
+    (other torch backends are left to `steprl.models.sources.check_device_dtype`). Counting
+    CUDA devices does not initialise CUDA."""
+    import torch
+
+    n = torch.cuda.device_count()
+    mps = torch.backends.mps.is_available()
+    allowed = _allowed_devices(n, mps)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"model.device={device!r} is not a torch device; allowed values: {allowed}"
+        ) from None
+    if dev.type == "cuda" and (dev.index or 0) >= n:
+        why = f"this machine has {n} CUDA device(s), torch {torch.__version__}"
+    elif dev.type == "mps" and not mps:
+        why = "mps is not available here"
+    else:
+        return
+    raise ConfigError(f"model.device={device!r}: no such device ({why}); allowed values: {allowed}")
+
+
+def check_output_dir(output_dir: str, name: str) -> None:
+    """`<output_dir>/<name>` is, or can be made, a directory this process can write in. Nothing
+    is created here: the trainer makes the run directory."""
+    target = (Path(output_dir) / name).absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        problem = "is a file, not a directory"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        problem = "is not writable"
+    else:
+        return
+    raise ConfigError(
+        f"run.output_dir={output_dir!r}: {existing} {problem}, so the run directory {target} cannot "
+        "be made; set run.output_dir to a directory you can write to (or change run.name)"
+    )
+
+
+def _default(section: type[RolloutSection | RuntimeSection], key: str) -> object:
+    return section.model_fields[key].default
+
+
+def config_warnings(cfg: Config, *, max_positions: int | None = None) -> list[str]:
+    """One line per setting that is valid but has no effect (or one that cannot work as meant)
+    in `cfg`. Pure: reads only `cfg`. `max_positions` is the model's position limit; for the
+    tiny model it is known here, for others pass it (None: not checked)."""
+    out: list[str] = []
+    r, a, rt = cfg.rollout, cfg.algorithm, cfg.runtime
+    if r.keep_last_k != _default(RolloutSection, "keep_last_k") and r.context not in _WINDOWED:
+        out.append(
+            f"rollout.keep_last_k={r.keep_last_k} has no effect under rollout.context={r.context} "
+            f"(only {' and '.join(_WINDOWED)} read it)"
+        )
+    if a.critic != "none" and not ADVANTAGE_NEEDS_CRITIC.get(a.advantage):
+        users = ", ".join(k for k, v in ADVANTAGE_NEEDS_CRITIC.items() if v)
+        out.append(
+            f"algorithm.critic={a.critic} is trained but unused: advantage={a.advantage} reads no critic "
+            f"(only {users} do); set algorithm.critic=none"
+        )
+    if a.kl_in == "reward" and a.kl_coef == 0:
+        out.append(
+            "algorithm.kl_in=reward has no effect with algorithm.kl_coef=0 (no KL penalty is applied); "
+            "set algorithm.kl_coef > 0, e.g. 0.001"
+        )
+    if rt.backend != "http":
+        for key in ("env_server_url", "env_token_var"):
+            if getattr(rt, key) != _default(RuntimeSection, key):
+                out.append(
+                    f"runtime.{key} is set but runtime.backend={rt.backend}: only backend=http reads it"
+                )
+    if rt.backend != "ray":
+        for key in ("env_workers", "rollout_workers"):
+            if getattr(rt, key) != _default(RuntimeSection, key):
+                out.append(
+                    f"runtime.{key}={getattr(rt, key)} has no effect with runtime.backend={rt.backend}: "
+                    "only backend=ray reads it"
+                )
+    if max_positions is None and cfg.model.name == "tiny":
+        from steprl.models.tiny import TinyModelSpec  # transformers: only when it is the tiny model
+
+        max_positions = TinyModelSpec().max_positions
+    if max_positions is not None and r.max_total_tokens > max_positions:
+        out.append(
+            f"rollout.max_total_tokens={r.max_total_tokens} is beyond the model's {max_positions} positions "
+            f"(model.name={cfg.model.name}): an episode that long leaves the positions the model knows; "
+            f"set rollout.max_total_tokens <= {max_positions}"
+        )
+    return out
