@@ -70,12 +70,14 @@ def train(
 ) -> None:
     """Train a policy with RL; prints held-out success before and after. A run killed or
     interrupted continues exactly with --resume runs/<name> (or run.resume=auto)."""
-    from steprl.training.trainer import describe_eval
-    from steprl.training.trainer import train as run_training
-
     if resume is not None:  # the run directory named on the command line, whatever the config says
         set_ = [*set_, "run.resume=must", f"run.output_dir={resume.parent}", f"run.name={resume.name}"]
     cfg = _load(config, set_, plugin, output_dir=True)
+    # imported after the config is checked: a config error is one line in ~3 s, not after the
+    # trainer's imports
+    from steprl.training.trainer import describe_eval
+    from steprl.training.trainer import train as run_training
+
     result = run_training(cfg, log=console.print, command=f"steprl train {config}")
     w, f = result.warm_start, result.final
     for label, m in (("warm start", w), ("RL-trained", f)):

@@ -119,8 +119,8 @@ class ModelSection(_Section):
         # caught here, not after the tiny model's minute-long warm start
         if self.name == "tiny" and self.format == "chat" and self.chat_template is None:
             raise ValueError(
-                "model.name, model.format: format=chat needs a chat template and the tiny model's "
-                "tokenizer has none; use model.format=plain (or auto), or give one with model.chat_template"
+                "model.name, model.format: the tiny model's tokenizer has no chat template for "
+                "format=chat; use model.format=plain (or auto), or give one with model.chat_template"
             )
         return self
 
