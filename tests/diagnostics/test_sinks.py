@@ -151,12 +151,14 @@ def _decode(ids: Sequence[int]) -> str:
 
 
 def test_parquet_round_trip_ids_exactly(tmp_path: Path) -> None:
-    path = tmp_path / "trajectories.parquet"
+    path = tmp_path / "trajectories"
     t1, t2 = _trajectories()
     with TrajectoryWriter(path, decode=_decode) as writer:
         writer.write(7, [t1, t2])
-        writer.write(8, [])  # nothing to write is fine
+        writer.write(8, [])  # nothing to write is fine: an empty step file
         writer.write(9, [t1])
+    assert sorted(p.name for p in path.iterdir()) == [f"step_00000{i}.parquet" for i in (7, 8, 9)]
+    assert read_trajectories(path / "step_000009.parquet").num_rows == 1  # one step alone
     table = read_trajectories(path)
     rows = table.to_pylist()
     assert table.num_rows == 3
@@ -182,7 +184,7 @@ def test_parquet_round_trip_ids_exactly(tmp_path: Path) -> None:
 
 
 def test_parquet_without_decode_has_no_text_columns(tmp_path: Path) -> None:
-    path = tmp_path / "t.parquet"
+    path = tmp_path / "t"
     writer = TrajectoryWriter(path)
     writer.write(0, _trajectories())
     writer.close()
@@ -193,12 +195,22 @@ def test_parquet_without_decode_has_no_text_columns(tmp_path: Path) -> None:
         writer.write(1, _trajectories())
 
 
-def test_parquet_file_is_valid_even_with_no_rows(tmp_path: Path) -> None:
-    path = tmp_path / "t.parquet"
+def test_parquet_dir_is_valid_even_with_no_rows(tmp_path: Path) -> None:
+    path = tmp_path / "t"
     TrajectoryWriter(path).close()
     assert read_trajectories(path).num_rows == 0
-    with pytest.raises(FileNotFoundError, match="trajectories.parquet"):
+    with pytest.raises(FileNotFoundError, match="one per step under <run_dir>/trajectories"):
         read_trajectories(tmp_path / "nope.parquet")
+
+
+def test_a_write_killed_midway_leaves_no_half_file(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    with TrajectoryWriter(path) as writer:
+        writer.write(1, _trajectories())
+    (path / ".step_000002.parquet.tmp").write_bytes(b"PAR1 half a file")  # what a SIGKILL leaves
+    assert read_trajectories(path).num_rows == 2  # the finished step reads; the torso is ignored
+    TrajectoryWriter(path).close()  # the next writer (a resume) removes it
+    assert not list(path.glob(".*.tmp"))
 
 
 # -------------------------------------------------------------------------------------- PNG

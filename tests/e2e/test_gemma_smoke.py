@@ -63,6 +63,6 @@ def test_gemma_calculator_one_step(tmp_path: Path) -> None:
     assert step["actor/engine_logprob_diff_max"] < 1e-3, step  # fp32 learner == fp32 engine
     assert step["train/rows"] > 0 and "rollout/template_mismatch_rate" in step
     assert "eval/success" in rows[-1]
-    adapter = json.loads((run / "checkpoint" / "adapter_config.json").read_text())
+    adapter = json.loads((run / "checkpoints" / "latest" / "adapter_config.json").read_text())
     assert Path(adapter["base_model_name_or_path"]).name == "gemma-3-270m"  # names its base
-    assert not (run / "checkpoint" / "model.safetensors").exists()  # adapters only, not 1 GB
+    assert not (run / "checkpoints" / "latest" / "model.safetensors").exists()  # adapters only, not 1 GB

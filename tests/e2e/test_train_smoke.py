@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from steprl.config import ConfigError
 from steprl.diagnostics import read_trajectories
 from steprl.training.trainer import train
 from tiny_runs import small_config
@@ -28,15 +29,27 @@ def two_runs(tmp_path_factory):
 def test_run_directory_is_complete(two_runs):
     _, result, _ = two_runs
     d = result.run_dir
-    for name in ("config.yaml", "metrics.jsonl", "trajectories.parquet", "learning_curve.png"):
+    for name in ("config.yaml", "metrics.jsonl", "learning_curve.png"):
         assert (d / name).stat().st_size > 0, name
+    assert [p.name for p in sorted((d / "trajectories").iterdir())] == [
+        f"step_00000{i}.parquet" for i in (1, 2, 3)
+    ]
     assert list((d / "tensorboard").glob("events.out.tfevents.*"))
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt", "config.yaml"):
-        assert (d / "checkpoint" / name).exists(), name
+    ckpt = d / "checkpoints" / "latest"
+    assert ckpt.is_symlink() and ckpt.resolve().name == "step_000003"
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "state.pt",
+        "config.yaml",
+        "manifest.json",
+    ):
+        assert (ckpt / name).exists(), name
     rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert (d / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = read_trajectories(d / "trajectories.parquet")
+    table = read_trajectories(d / "trajectories")
     assert table.num_rows == 3 * 16
 
 
@@ -69,7 +82,7 @@ def test_parameters_change_and_checkpoint_loads(two_runs, tmp_path):
     tmp, result, _ = two_runs
     cached = next((tmp / "cache").iterdir())
     before = AutoModelForCausalLM.from_pretrained(cached)
-    after = AutoModelForCausalLM.from_pretrained(result.run_dir / "checkpoint")
+    after = AutoModelForCausalLM.from_pretrained(result.run_dir / "checkpoints" / "latest")
     changed = [
         n
         for (n, p), (_, q) in zip(before.named_parameters(), after.named_parameters(), strict=True)
@@ -85,10 +98,19 @@ def test_same_seed_gives_identical_metrics_for_first_three_steps(two_runs):
         assert {k: ma[k] for k in keys} == {k: mb[k] for k in keys}
 
 
-def test_rerun_into_the_same_directory_starts_fresh_files(two_runs):
+def test_rerun_into_the_same_directory_is_refused_or_cleared_whole(two_runs):
     tmp, first, _ = two_runs
-    again = train(_cfg(tmp, "a", ["trainer.total_steps=1", "trainer.eval_every=0"]), log=lambda s: None)
+    (first.run_dir / "notes.txt").write_text("the user's")
+    short = ["trainer.total_steps=1", "trainer.eval_every=0"]
+    with pytest.raises(ConfigError, match=r"already holds a run; continue it with .*--resume"):
+        train(_cfg(tmp, "a", [*short, "run.overwrite=false"]), log=lambda s: None)
+    assert (first.run_dir / "notes.txt").exists()  # refused: nothing touched
+    again = train(_cfg(tmp, "a", short), log=lambda s: None)  # the shipped config: overwrite: true
     assert again.run_dir == first.run_dir
+    assert not (again.run_dir / "notes.txt").exists()  # cleared whole, not two runs' files mixed
     rows = [json.loads(line) for line in (again.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]  # not appended to the first run's four rows
-    assert read_trajectories(again.run_dir / "trajectories.parquet").num_rows == 16
+    assert read_trajectories(again.run_dir / "trajectories").num_rows == 16
+    assert [p.name for p in (again.run_dir / "checkpoints").iterdir() if p.name != "latest"] == [
+        "step_000001"
+    ]

@@ -89,4 +89,4 @@ def test_the_tutorial_runs_as_written(workdir: Path) -> None:
     backends = [re.search(r"on the (\w+) backend", out) for out in trains.values()]
     assert sorted(m.group(1) for m in backends if m) == ["http", "inprocess", "inprocess", "ray"]
     assert any("reverse: ok" in out for line, out in outputs.items() if line.startswith("steprl check-env"))
-    assert (workdir / "runs" / "reverse_tiny" / "checkpoint" / "config.yaml").exists()
+    assert (workdir / "runs" / "reverse_tiny" / "checkpoints" / "latest" / "config.yaml").exists()

@@ -24,6 +24,7 @@ from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
+from steprl.training.state import TaskStream
 from steprl.training.step_parts import collect_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 
@@ -151,7 +152,7 @@ def _traj(group: str, reward: float, end: EndReason) -> Trajectory:
 def _fake_rollout(fail_frac: float):
     """A rollout function whose first `fail_frac` of every group infra-fails."""
 
-    def run(tasks, group_size, seed):
+    def run(tasks, group_size, first_index):
         groups = []
         for t_index, task in enumerate(tasks):
             n_fail = round(fail_frac * group_size)
@@ -166,13 +167,12 @@ def _fake_rollout(fail_frac: float):
 
 def _collect(fail_frac: float, budget: float):
     return collect_groups(
-        iter(_tasks(100)),
+        TaskStream(iter(_tasks(100))),
         tasks_per_step=4,
         group_size=10,
         rollout=_fake_rollout(fail_frac),
         group_filter=lambda rewards: torch.arange(len(rewards)),
         regenerations=0,
-        seed=0,
         failure_budget=budget,
     )
 

@@ -424,7 +424,7 @@ def test_lora_training_run_keeps_engine_and_learner_logprobs_equal(tmp_path):
         assert m["actor/optimizer_steps"] > 0
         assert 0.0 <= m["actor/kl_to_ref"] < 1.0
     assert result.history[1]["actor/kl_to_ref"] > 0.0  # the policy has moved off its base
-    ckpt = result.run_dir / "checkpoint"
+    ckpt = (result.run_dir / "checkpoints" / "latest").resolve()
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "base" / "config.json").exists()
     trained = load_checkpoint_model(ckpt)
     base = AutoModelForCausalLM.from_pretrained(ckpt / "base")

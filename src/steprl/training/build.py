@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
+import numpy as np
 import torch
 
 from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
@@ -96,6 +98,11 @@ def build(
         # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "pretrained"})})
     policy = load_policy(cfg, log, envs.make_env)
+    # what comes next (LoRA init, the value head, ...) must not depend on whether the warm start
+    # was cached or trained just now, which draws from the global generators
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
     # LoRA (model.lora): the learner trains adapters on the frozen base; the engines keep a plain
     # copy of the base and merge each adapter update into it (training/lora.py)
