@@ -19,6 +19,7 @@ from torch import nn
 from steprl.algorithms.losses import value_loss
 from steprl.rollout.views import Sample
 from steprl.training.batching import collate, minibatches
+from steprl.training.guards import grad_metrics, guarded_step
 
 
 class ValueHead(nn.Module):
@@ -99,8 +100,6 @@ class SeparateCritic:
         generator: torch.Generator,
     ) -> dict[str, float]:
         """Clipped value regression onto `Sample.returns` (token-mean over action tokens)."""
-        from steprl.training.learner import grad_metrics, guarded_step  # (learner imports this module)
-
         losses: list[float] = []
         norms: list[float] = []
         for _ in range(epochs):

@@ -7,7 +7,6 @@ per-token advantages (and critic targets, when a shared value head is trained).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.views import Sample
 from steprl.training.batching import Batch, collate, last_hidden, logprobs_at, minibatches, token_logprobs
 from steprl.training.critic import ValueHead, collate_values
+from steprl.training.guards import grad_metrics, guarded_step
 from steprl.training.lora import adapter_update, is_peft
 
 PolicyLoss = Callable[[PolicyLossInputs], PolicyLossOutput]
@@ -219,30 +219,6 @@ class Learner:
         return stats
 
 
-def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], grad_clip: float) -> float:
-    """Clip and step, unless the loss or a gradient is NaN or Inf (NUM-01): then the step is
-    skipped (parameters and optimizer state stay as they were). Returns the pre-clip norm (a
-    spike above the clip is clipped as any norm is: NUM-02)."""
-    norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
-    if math.isfinite(norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
-
-
-def grad_metrics(prefix: str, norms: Sequence[float], spike_norm: float) -> dict[str, float]:
-    """Pre-clip gradient norms of one update: mean and max of the finite ones, the skipped
-    (non-finite) steps, and the spikes (a norm above `spike_norm`, flagged)."""
-    finite = [n for n in norms if math.isfinite(n)]
-    return {
-        f"{prefix}/grad_norm": sum(finite) / len(finite) if finite else 0.0,
-        f"{prefix}/grad_norm_max": max(finite, default=0.0),
-        f"{prefix}/optimizer_steps": float(len(finite)),
-        f"{prefix}/nonfinite_skips": float(len(norms) - len(finite)),
-        f"{prefix}/grad_spikes": float(sum(n > spike_norm for n in finite)),
-    }
-
-
 def _stack(per_sample: list[torch.Tensor], idx: list[int], shape: torch.Size) -> torch.Tensor:
     out = torch.zeros(shape)
     for r, i in enumerate(idx):
@@ -251,4 +227,4 @@ def _stack(per_sample: list[torch.Tensor], idx: list[int], shape: torch.Size) ->
     return out
 
 
-__all__ = ["Learner", "Regularizers", "grad_metrics", "guarded_step"]
+__all__ = ["Learner", "Regularizers"]

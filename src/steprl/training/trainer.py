@@ -25,6 +25,7 @@ import torch
 import transformers
 
 from steprl.config import Config, dump_config
+from steprl.config_checks import check_host, config_warnings
 from steprl.diagnostics import (
     JsonlSink,
     MultiSink,
@@ -63,6 +64,7 @@ def train(
     """Train per `cfg`. Environments live where `runtime.backend` says (in-process, behind an
     HTTP env server, or in Ray actors); the env pool and the writers are closed however the run
     ends. `command` is how the user started it (for the resume hint)."""
+    check_host(cfg)  # device and output directory: one line, before anything is made
     run_dir, resume_from = resume.prepare_run_dir(cfg, log)
     with contextlib.ExitStack() as cleanup:
         envs = cleanup.enter_context(env_setup.env_pool(cfg))
@@ -83,7 +85,7 @@ def _train(
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     torch.manual_seed(cfg.run.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    for warning in _config_warnings(cfg):
+    for warning in config_warnings(cfg):
         log(f"WARNING: {warning}")
     spec = env_setup.env_spec(cfg)
     log(f"environments: {spec.name} on the {envs.name} backend, at most {envs.max_concurrent} live")
@@ -293,14 +295,6 @@ def _evals_so_far(path: Path, step: int) -> tuple[dict[str, float], dict[str, fl
     rows = [r for r in read_metrics_jsonl(path) if "eval/success" in r and r["step"] <= step]
     pick = lambda r: {k: float(v) for k, v in r.items() if k.startswith("eval/") and v is not None}  # noqa: E731
     return pick(rows[0]), pick(rows[-1])
-
-
-def _config_warnings(cfg: Config) -> list[str]:
-    try:
-        from steprl.config import config_warnings  # type: ignore[attr-defined]
-    except ImportError:
-        return []
-    return list(config_warnings(cfg))
 
 
 class _StopOnSignal:
