@@ -108,10 +108,10 @@ def _train(
     for key, value in cfg.derived().items():
         log(f"  {key}: {value}")
 
+    held_out = eval_setup(parts)
+
     def run_eval(step: int) -> dict[str, float]:
-        return evaluate(parts.eval_tasks, eval_setup(parts), seed=seeds.eval_stream_seed(cfg.run.seed, step))[
-            0
-        ]
+        return evaluate(parts.eval_tasks, held_out, seed=seeds.eval_stream_seed(cfg.run.seed, step))[0]
 
     if state.step == 0:
         warm = run_eval(0)
@@ -130,9 +130,8 @@ def _train(
         while state.step < cfg.trainer.total_steps and not stop.signal:
             state, metrics, trajectories = run_step(cfg, parts, tasks, state, shuffle_rng, log)
             step = state.step
-            if step == cfg.trainer.total_steps or (
-                cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0
-            ):
+            every = cfg.trainer.eval_every
+            if step == cfg.trainer.total_steps or (every and step % every == 0):
                 last_eval = run_eval(step)
                 metrics.update(last_eval)
             metrics_sink.log(step, metrics)
