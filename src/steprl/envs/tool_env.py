@@ -75,6 +75,17 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def utf8_text(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates, e.g. from a JSON ``"\\ud800"`` escape)
+    replaced by "?": an observation is tokenized, and a tokenizer raises on such text, which
+    would end the episode `infra_failed` for what was the model's mistake."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def check_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> str | None:
     """A short error for arguments that break the tool's top-level JSON schema, else None.
 
@@ -88,7 +99,7 @@ def check_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> 
     if schema.get("additionalProperties") is not True:
         for name in arguments:
             if name not in props:
-                return f"unexpected argument '{str(name)[:32]}'"
+                return f"unexpected argument '{utf8_text(str(name)[:32])}'"
     for name, value in arguments.items():
         wanted = props.get(name, {}).get("type") if isinstance(props.get(name), Mapping) else None
         if wanted is None:
@@ -298,9 +309,9 @@ class ToolEnv(ToolEpisode):
                         f"tool {call.name!r} returned {type(out).__name__}; tools must return str "
                         "(raise ToolError for bad input)."
                     )
-                observation = f"<result>{clip_middle(out, self.max_observation_chars)}</result>"
+                observation = f"<result>{clip_middle(utf8_text(out), self.max_observation_chars)}</result>"
                 return self._transition(observation, rewards, kind="tool_call", tool=call.name, valid=True)
-        error = clip_middle(error, _MAX_ERROR_CHARS)
+        error = clip_middle(utf8_text(error), _MAX_ERROR_CHARS)
         return self._transition(
             f"<error>{error}</error>", rewards, kind="tool_call", tool=call.name, valid=False, error=error
         )

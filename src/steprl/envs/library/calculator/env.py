@@ -33,12 +33,22 @@ def system_prompt(limits: CalcLimits) -> str:
 SYSTEM_PROMPT = system_prompt(CalcLimits())
 
 
+def canonical_integer(text: str) -> str | None:
+    """The decimal digits of `text` as `str(int(text))` would give them, or None if `text` is
+    not ``-?[0-9]+``. Never calls `int` on model text: a 4301-digit answer would raise
+    ``ValueError: Exceeds the limit (4300 digits) for integer string conversion``."""
+    if not _INTEGER.fullmatch(text):
+        return None
+    negative, digits = text.startswith("-"), text.lstrip("-").lstrip("0")
+    return f"-{digits}" if negative and digits else digits or "0"
+
+
 def verify(answer: str, task: Task) -> float:
-    """1.0 for the exact integer (after strip), else 0.0; plain ASCII digits only."""
-    text = answer.strip()
-    if task.answer is None or not _INTEGER.fullmatch(text):
+    """1.0 for the exact integer (after strip), else 0.0; plain ASCII digits only, any length."""
+    if task.answer is None:
         return 0.0
-    return 1.0 if int(text) == int(task.answer) else 0.0
+    given = canonical_integer(answer.strip())
+    return 1.0 if given is not None and given == str(int(task.answer)) else 0.0
 
 
 def calc_tool(limits: CalcLimits | None = None) -> FunctionTool:

@@ -21,6 +21,9 @@ from steprl.envs.library.code_interpreter.protocol import (
 )
 from steprl.types import Task
 
+#: Longer actions are invalid before any scan (as `ActionSyntax.max_chars` for tag actions).
+MAX_ACTION_CHARS = 32_768
+
 SYSTEM_PROMPT = (
     "Solve the problem. You may run Python: write ```python\\n<code>\\n``` followed by ```output and "
     "the output is shown. Give the final answer as <answer>integer</answer>."
@@ -83,6 +86,8 @@ class CodeInterpreterEnv:
     def step(self, action: str) -> Transition:
         if self._task is None or self._runner is None:
             raise RuntimeError("step() before reset(): the harness must reset the env first")
+        if len(action) > MAX_ACTION_CHARS:
+            return self._invalid_action(f"action too long (max {MAX_ACTION_CHARS} chars)")
         if action.rstrip().endswith(OUTPUT_MARKER):
             return self._execute(action)
         answer = extract_answer(action)

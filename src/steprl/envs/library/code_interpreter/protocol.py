@@ -13,24 +13,35 @@ import re
 from collections.abc import Callable
 
 OUTPUT_MARKER = "```output"
-_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def _last_block(text: str, open_: str, close: str) -> str | None:
+    """The body of the last non-overlapping `open_`...`close` pair, scanning left to right (what
+    ``re.findall(open_ + "(.*?)" + close, text, re.DOTALL)[-1]`` returns), in linear time: the
+    regex retries its lazy scan from every unclosed opening, quadratic in a flood of them
+    (``"<answer>" * 4000`` took 1.5 s; a 1 MB flood of them, minutes)."""
+    found, pos = None, 0
+    while (start := text.find(open_, pos)) >= 0:
+        end = text.find(close, start + len(open_))
+        if end < 0:
+            break  # no later opening has a close either
+        found, pos = text[start + len(open_) : end], end + len(close)
+    return found
 
 
 def extract_program(action: str) -> str | None:
     """The last complete ```python ... ``` block before the output marker (None if there is none;
     an unclosed block is no program, as in ToRL's `extract_program(last_only=True)`)."""
     head = action.split(OUTPUT_MARKER, 1)[0]
-    blocks = _BLOCK.findall(head)
-    return blocks[-1] if blocks else None
+    return _last_block(head, "```python\n", "```")
 
 
 def extract_answer(action: str) -> str | None:
     """The final answer: the last `<answer>..</answer>`, else the last `\\boxed{..}`."""
-    answers = _ANSWER.findall(action)
-    if answers:
-        return answers[-1].strip()
+    answer = _last_block(action, "<answer>", "</answer>")
+    if answer is not None:
+        return answer.strip()
     boxed = _BOXED.findall(action)
     return boxed[-1].strip() if boxed else None
 
