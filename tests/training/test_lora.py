@@ -325,17 +325,16 @@ def test_unknown_target_module_is_one_line_listing_the_linear_modules(base):
 # (6) checkpoints: adapters that name their base -------------------------------------------------
 
 
-def _save(pm, path, tokenizer):
+def _save(pm, root, tokenizer):
     learner = _learner(pm)
     return save_checkpoint(
-        path,
+        root,
+        1,
         model=pm,
         tokenizer=tokenizer,
-        optimizer=learner.optimizer,
-        step=1,
-        version=1,
+        state={"optimizer": learner.optimizer.state_dict()},
         config_yaml="x: 1\n",
-        generator=torch.Generator(),
+        keep_last=1,
     )
 
 
@@ -344,14 +343,13 @@ def test_checkpoint_of_an_in_memory_base_saves_it_and_round_trips(base, tokenize
     _perturb(pm, 7)
     ids = _ids(tokenizer, 3)
     want = _logits(pm, ids)
-    ckpt = tmp_path / "checkpoint"
     for _ in range(2):  # the second save replaces the first (and its base copy) atomically
-        _save(pm, ckpt, tokenizer)
+        ckpt = _save(pm, tmp_path / "checkpoints", tokenizer)
     assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
     config = json.loads((ckpt / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((ckpt / "base").resolve())
     assert config["r"] == 4 and sorted(config["target_modules"]) == sorted(ATTN)
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    state = torch.load(ckpt / "state.pt", weights_only=False)
     n_adapter_tensors = sum(1 for p in pm.parameters() if p.requires_grad)
     assert len(state["optimizer"]["param_groups"][0]["params"]) == n_adapter_tensors
     # back: the named base + the adapters, as peft loads them, and merged for generation
@@ -370,7 +368,7 @@ def test_checkpoint_of_a_saved_base_names_its_directory(base, tokenizer, tmp_pat
     loaded_base = AutoModelForCausalLM.from_pretrained(tmp_path / "base_model")
     pm = apply_lora(loaded_base, _spec(["q_proj", "v_proj"])).eval()
     _perturb(pm, 8)
-    ckpt = _save(pm, tmp_path / "checkpoint", tokenizer)
+    ckpt = _save(pm, tmp_path / "checkpoints", tokenizer)
     assert not (ckpt / "base").exists()
     config = json.loads((ckpt / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((tmp_path / "base_model").resolve())

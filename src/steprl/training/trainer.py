@@ -113,6 +113,7 @@ def _train(
     def run_eval(step: int) -> dict[str, float]:
         return evaluate(parts.eval_tasks, held_out, seed=seeds.eval_stream_seed(cfg.run.seed, step))[0]
 
+    stop = cleanup.enter_context(_StopOnSignal())  # from here on, a signal ends with a checkpoint
     if state.step == 0:
         warm = run_eval(0)
         log(
@@ -123,7 +124,6 @@ def _train(
     warm, last_eval = _evals_so_far(run_dir / "metrics.jsonl", state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
-    stop = cleanup.enter_context(_StopOnSignal())
 
     # ---- the RL loop ------------------------------------------------------------------------
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
