@@ -2,27 +2,13 @@
 
 import copy
 import functools
-from dataclasses import replace
 
 import pytest
 import torch
 
 from steprl.algorithms import POLICY_LOSSES
-from steprl.rollout.context import AppendOnly
-from steprl.rollout.views import packed_view
 from steprl.training.batching import collate
 from steprl.training.learner import Learner
-
-
-def _samples(sample_rollouts):
-    trajs = sample_rollouts(AppendOnly(), n_tasks=4, group_size=2)[:8]
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for i, t in enumerate(trajs):
-        s = packed_view(t, i)
-        a = torch.randn(len(s.input_ids), generator=g) * torch.tensor(s.loss_mask, dtype=torch.float32)
-        rows.append(replace(s, advantages=tuple(a.tolist())))
-    return rows
 
 
 def _learner(model, aggregation, micro, loss="ppo_clip"):
@@ -60,8 +46,8 @@ def _grads(learner, rows, micro):
 @pytest.mark.parametrize(
     "aggregation", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 )
-def test_micro_batches_1x8_equal_8x1(small_model, sample_rollouts, aggregation):
-    rows = _samples(sample_rollouts)
+def test_micro_batches_1x8_equal_8x1(small_model, advantage_rows, aggregation):
+    rows = advantage_rows
     learner = _learner(small_model, aggregation, 8)
     one_by_eight = _grads(learner, rows, 1)
     eight_by_one = _grads(learner, rows, 8)
@@ -70,8 +56,8 @@ def test_micro_batches_1x8_equal_8x1(small_model, sample_rollouts, aggregation):
     assert any(g.abs().sum() > 0 for g in one_by_eight.values())
 
 
-def test_on_policy_ratio_is_one_and_decoupled_equals_ppo(small_model, sample_rollouts):
-    rows = _samples(sample_rollouts)
+def test_on_policy_ratio_is_one_and_decoupled_equals_ppo(small_model, advantage_rows):
+    rows = advantage_rows
     ppo = _grads(_learner(small_model, "token-mean", 8, "ppo_clip"), rows, 8)
     decoupled = _grads(_learner(small_model, "token-mean", 8, "decoupled_ppo"), rows, 8)
     for name, g in ppo.items():

@@ -18,25 +18,12 @@ from steprl.envs.base import Observation
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, register
 from steprl.errors import RunAborted
-from steprl.rollout.context import AppendOnly
-from steprl.rollout.views import packed_view
 from steprl.training.learner import Learner
 from steprl.training.state import TaskStream
 from steprl.training.step_parts import collect_groups, valid
 from steprl.training.trainer import describe_eval, train
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 from tiny_runs import small_config
-
-
-def _rows(sample_rollouts):
-    trajs = sample_rollouts(AppendOnly(), n_tasks=4, group_size=2)[:8]
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for i, t in enumerate(trajs):
-        s = packed_view(t, i)
-        a = torch.randn(len(s.input_ids), generator=g) * torch.tensor(s.loss_mask, dtype=torch.float32)
-        rows.append(replace(s, advantages=tuple(a.tolist())))
-    return rows
 
 
 def _learner(model, loss_fn=None, grad_clip=1.0):
@@ -79,9 +66,9 @@ def _update(learner, rows, mini_batches=2):
 
 
 def test_num01_a_nan_loss_skips_the_step_and_leaves_parameters_and_optimizer_unchanged(
-    small_model, sample_rollouts
+    small_model, advantage_rows
 ):
-    rows = _rows(sample_rollouts)
+    rows = advantage_rows
     learner = _learner(small_model, _nan_loss)
     before = _params(learner)
     stats = _update(learner, rows)
@@ -91,8 +78,8 @@ def test_num01_a_nan_loss_skips_the_step_and_leaves_parameters_and_optimizer_unc
     assert all(math.isfinite(v) or k == "actor/pg_loss" for k, v in stats.items())
 
 
-def test_num01_an_inf_in_one_gradient_skips_that_step_only(small_model, sample_rollouts):
-    rows = _rows(sample_rollouts)
+def test_num01_an_inf_in_one_gradient_skips_that_step_only(small_model, advantage_rows):
+    rows = advantage_rows
     learner = _learner(small_model)
     weight = next(p for p in learner.model.parameters() if p.requires_grad)
     calls = [0]
@@ -109,8 +96,8 @@ def test_num01_an_inf_in_one_gradient_skips_that_step_only(small_model, sample_r
     assert all(torch.isfinite(p).all() for p in learner.model.parameters())
 
 
-def test_num02_a_gradient_spike_is_clipped_and_flagged(small_model, sample_rollouts):
-    rows = _rows(sample_rollouts)
+def test_num02_a_gradient_spike_is_clipped_and_flagged(small_model, advantage_rows):
+    rows = advantage_rows
     plain = _learner(small_model)
     base = _update(plain, rows, mini_batches=1)
     spiky = _learner(small_model, _spike_loss)  # every gradient x 1e6
