@@ -162,4 +162,8 @@ def load_policy(
     cache.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(cache)
     tokenizer.save_pretrained(cache)
-    return Policy(model, tokenizer, f"fresh SFT (cached to {cache})")
+    # the run goes on with the policy as the cache holds it (the same weights, bit for bit): a
+    # model that was just trained carries state that Ray cannot pickle (rollout workers), and a
+    # fresh and a cached warm start are then the same object to everything downstream
+    reloaded: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
+    return Policy(reloaded, tokenizer, f"fresh SFT (cached to {cache})")
