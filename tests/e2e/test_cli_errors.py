@@ -7,15 +7,13 @@ names the input that is wrong.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-STEPRL = str(Path(sys.executable).parent / "steprl")
+from cli_runs import assert_one_line, run_steprl
 
 pytestmark = pytest.mark.e2e
 
@@ -23,63 +21,45 @@ pytestmark = pytest.mark.e2e
 def _run(tmp_path: Path, env: dict[str, object], *extra: str, command: str = "train") -> tuple[int, str]:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump({"env": env, "logging": {"tensorboard": False, "progress": False}}))
-    done = subprocess.run(
-        [STEPRL, command, str(cfg), *extra],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "400"},  # rich wraps at the terminal width
-        check=False,
-    )
-    return done.returncode, (done.stdout + done.stderr).strip()
-
-
-def _one_line(rc: int, out: str, *needles: str) -> None:
-    """Exit 2, no traceback, and the error is the last line, whole (the run may log before it)."""
-    assert rc == 2, out
-    assert "Traceback" not in out, out
-    last = out.splitlines()[-1]
-    for needle in needles:
-        assert needle in last, out
+    return run_steprl([command, str(cfg), *extra], tmp_path)
 
 
 def test_a_plugin_that_fails_to_import(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, {"name": "calculator"}, "--plugin", "no_such_plugin_module")
-    _one_line(rc, out, "plugin 'no_such_plugin_module' failed to import", "ModuleNotFoundError")
+    assert_one_line(rc, out, "plugin 'no_such_plugin_module' failed to import", "ModuleNotFoundError")
 
 
 def test_a_plugin_that_raises_on_import(tmp_path: Path) -> None:
     (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('the plugin is broken')\n")
     rc, out = _run(tmp_path, {"name": "calculator", "plugins": ["broken_plugin"]})
-    _one_line(rc, out, "plugin 'broken_plugin'", "the plugin is broken")
+    assert_one_line(rc, out, "plugin 'broken_plugin'", "the plugin is broken")
 
 
 def test_an_import_path_to_a_non_spec(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, {"name": "steprl.envs.registry:ENTRY_POINT_GROUP"})
-    _one_line(rc, out, "steprl.envs.registry:ENTRY_POINT_GROUP", "is a str, not an EnvSpec")
+    assert_one_line(rc, out, "steprl.envs.registry:ENTRY_POINT_GROUP", "is a str, not an EnvSpec")
 
 
 def test_an_import_path_to_a_missing_module(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, {"name": "no_such_pkg.envs:SPEC"})
-    _one_line(rc, out, "no_such_pkg.envs:SPEC", "ModuleNotFoundError")
+    assert_one_line(rc, out, "no_such_pkg.envs:SPEC", "ModuleNotFoundError")
 
 
 def test_an_unknown_env_name(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, {"name": "calculater"})
-    _one_line(rc, out, "unknown env 'calculater'", "calculator")
+    assert_one_line(rc, out, "unknown env 'calculater'", "calculator")
 
 
 def test_a_gymnasium_id_that_does_not_exist(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, {"name": "gym", "params": {"id": "NoSuchEnv-v0"}})
-    _one_line(rc, out, "NoSuchEnv")
+    assert_one_line(rc, out, "NoSuchEnv")
 
 
 def test_a_task_file_with_a_bad_row(tmp_path: Path) -> None:
     rows = tmp_path / "tasks.jsonl"
     rows.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 3, "answer": "4"}\n')
     rc, out = _run(tmp_path, {"name": "calculator", "task_file": {"path": str(rows)}})
-    _one_line(rc, out, "tasks.jsonl", "2", "prompt")
+    assert_one_line(rc, out, "tasks.jsonl", "2", "prompt")
 
 
 def test_an_mcp_server_that_exits_at_start(tmp_path: Path) -> None:
@@ -94,4 +74,4 @@ def test_an_mcp_server_that_exits_at_start(tmp_path: Path) -> None:
             "task_file": {"path": str(tasks), "eval_fraction": 0.5},
         },
     )
-    _one_line(rc, out, "boom: no such flag --frobnicate")
+    assert_one_line(rc, out, "boom: no such flag --frobnicate")

