@@ -310,6 +310,10 @@ class TrainerSection(_Section):
     epochs: int = Field(1, gt=0)  # passes over each step's batch
     mini_batches: int = Field(2, gt=0)  # optimizer steps per epoch
     micro_batch_size: int = Field(64, gt=0)  # rows per forward/backward (memory only; loss unchanged)
+    # rows sharing a prefix (a group's prompt; a history-editing context's per-step rows) are
+    # computed once, as prefix trees (training/packing.py), where the model and loss allow it;
+    # false: every row on its own
+    pack_rows: bool = True
     grad_clip: float = Field(1.0, gt=0)
     eval_every: int = Field(10, ge=0)  # 0 = only at the end
     eval_tasks: int = Field(200, gt=0)  # held-out tasks, sampled at eval_temperature

@@ -13,14 +13,28 @@ from torch import nn
 
 from steprl.errors import UserError
 from steprl.rollout.views import Sample
+from steprl.training.packing import pack, tree_tensors
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each row's targets sit in a batch's (B, T-1) tensors: row `rows[i]`, columns
+    `cols[i]` for target t of sample i (t = 0 .. len-2); `trained[i]` its loss mask there."""
+
+    rows: tuple[torch.Tensor, ...]
+    cols: tuple[torch.Tensor, ...]
+    trained: tuple[torch.Tensor, ...]
 
 
 @dataclass(frozen=True)
 class Batch:
     """Right-padded tensors for one micro-batch. Targets are input_ids[:, 1:].
 
-    input_ids, attention: (B, T). Every other field is (B, T-1), aligned with the targets:
-    position t is about the prediction of input_ids[:, t+1].
+    input_ids: (B, T); attention: (B, T) padding mask, or (B, 1, T, T) bool for packed trees
+    (`training/packing.py`). Every other per-token field is (B, T-1), aligned with the targets:
+    position t is about the prediction of input_ids[:, t+1], made from the hidden state at
+    `pred[:, t]` (t itself for plain rows; the node's parent in a tree) with position ids
+    `positions` (None: 0..T-1). `layout` maps each sample's targets to batch positions.
     """
 
     input_ids: torch.Tensor
@@ -29,21 +43,41 @@ class Batch:
     old_logp: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    positions: torch.Tensor | None = None
+    pred: torch.Tensor | None = None
+    layout: Layout | None = None
 
     def to(self, device: str | torch.device) -> Batch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         return Batch(
-            *(
-                t.to(device)
-                for t in (
-                    self.input_ids,
-                    self.attention,
-                    self.loss_mask,
-                    self.old_logp,
-                    self.advantages,
-                    self.returns,
-                )
-            )
+            self.input_ids.to(device),
+            self.attention.to(device),
+            self.loss_mask.to(device),
+            self.old_logp.to(device),
+            self.advantages.to(device),
+            self.returns.to(device),
+            move(self.positions),
+            move(self.pred),
+            self.layout,
         )
+
+    def per_sample(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """(B, T-1) batch layout -> one (len-1,) tensor per sample, in the samples' order."""
+        if self.layout is None:
+            raise ValueError("this batch has no layout (collate(..., with_layout=True))")
+        return [x[r.to(x.device), c.to(x.device)] for r, c in zip(self.layout.rows, self.layout.cols, strict=True)]
+
+    def from_per_sample(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One (len-1,) tensor per sample -> (B, T-1), written where each sample is trained."""
+        if self.layout is None:
+            raise ValueError("this batch has no layout (collate(..., with_layout=True))")
+        out = torch.zeros(self.loss_mask.shape)
+        for v, r, c, m in zip(values, self.layout.rows, self.layout.cols, self.layout.trained, strict=True):
+            keep = m > 0
+            out[r[keep], c[keep]] = v[: len(m)].float().cpu()[keep]
+        return out
 
 
 def _fill(dst: torch.Tensor, i: int, values: Sequence[float]) -> None:
@@ -51,8 +85,14 @@ def _fill(dst: torch.Tensor, i: int, values: Sequence[float]) -> None:
         dst[i, : len(values)] = torch.tensor(values, dtype=dst.dtype)
 
 
-def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
-    """Pad rows on the right (causal attention makes right padding invisible to real tokens)."""
+def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Batch:
+    """Pad rows on the right (causal attention makes right padding invisible to real tokens).
+
+    `pack`: merge rows that share a prefix into prefix trees (`training/packing.py`), each a row
+    of the batch with a (T, T) ancestor mask; the targets are the same, computed once per node.
+    """
+    if pack:
+        return _collate_trees(samples, pad_id)
     width = max(len(s.input_ids) for s in samples)
     bsz = len(samples)
     ids = torch.full((bsz, width), pad_id, dtype=torch.long)
@@ -66,9 +106,41 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
         _fill(per_token["adv"], i, s.advantages)
         _fill(per_token["ret"], i, s.returns)
     mask = per_token["mask"][:, 1:]
-    return Batch(
-        ids, attn, mask, per_token["old"][:, 1:], per_token["adv"][:, 1:] * mask, per_token["ret"][:, 1:]
+    layout = Layout(
+        tuple(torch.full((len(s.input_ids) - 1,), i) for i, s in enumerate(samples)),
+        tuple(torch.arange(len(s.input_ids) - 1) for s in samples),
+        tuple(torch.tensor(s.loss_mask[1:], dtype=torch.float32) for s in samples),
     )
+    return Batch(
+        ids,
+        attn,
+        mask,
+        per_token["old"][:, 1:],
+        per_token["adv"][:, 1:] * mask,
+        per_token["ret"][:, 1:],
+        layout=layout,
+    )
+
+
+#: Pack only when the trees hold at most this share of the rows' tokens: a tree's (T, T) mask
+#: costs attention a plain causal row does not pay, worth it only when prefixes are shared.
+PACK_WHEN_NODES_BELOW = 0.8
+
+
+def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
+    trees, where = pack(samples)
+    if sum(len(t.ids) for t in trees) > PACK_WHEN_NODES_BELOW * sum(len(s.input_ids) for s in samples):
+        return collate(samples, pad_id)
+    ids, pos, allowed, pred, f = tree_tensors(trees, pad_id)
+    rows, cols = [], []
+    for b, r in where:
+        nodes = torch.tensor(trees[b].nodes[r][1:]) - 1  # target t of the row is node t+1's column
+        rows.append(torch.full(nodes.shape, b))
+        cols.append(nodes)
+    trained = tuple(torch.tensor(s.loss_mask[1:], dtype=torch.float32) for s in samples)
+    layout = Layout(tuple(rows), tuple(cols), trained)
+    mask = f["mask"]
+    return Batch(ids, allowed, mask, f["old"], f["adv"] * mask, f["ret"], pos, pred, layout)
 
 
 #: Size of one fp32 (chunk, V) logits block. The head's live memory is a small multiple of it
@@ -76,7 +148,9 @@ def collate(samples: Sequence[Sample], pad_id: int) -> Batch:
 CHUNK_BYTES = 64 * 2**20
 
 
-def last_hidden(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+def last_hidden(
+    model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """Final hidden states (B, T, H) of a causal LM, after its final norm, without (B, T, V) logits.
 
     `logits_to_keep=1` makes the model apply its head to the last position only, and transformers
@@ -85,11 +159,41 @@ def last_hidden(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tens
     in another way (a logit scale, a missing norm) fails loudly instead of training on wrong
     log-probs.
     """
-    out = model(input_ids=input_ids, attention_mask=attention, output_hidden_states=True, logits_to_keep=1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=_as_model_mask(model, attention),
+        position_ids=positions,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
     hidden = out.hidden_states[-1]
     with torch.no_grad():
         _check_head(model, hidden[:, -1], out.logits[:, -1])
     return hidden
+
+
+def _as_model_mask(model: nn.Module, attention: torch.Tensor) -> torch.Tensor:
+    """A (B, 1, T, T) bool mask (True: attend) as the model's attention wants it: as is for SDPA,
+    additive (0 / dtype min) for eager attention."""
+    if attention.dim() != 4 or attention.dtype != torch.bool:
+        return attention
+    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(attention.shape, dtype=dtype).masked_fill(~attention, torch.finfo(dtype).min)
+    return attention
+
+
+def packing_unsupported(model: nn.Module) -> str | None:
+    """Why prefix-tree rows (a custom (T, T) mask and position ids) would be wrong for `model`,
+    or None when they are exact: full attention everywhere, under SDPA or eager attention."""
+    cfg = _text_config(model)
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if impl not in ("sdpa", "eager"):
+        return f"attention implementation {impl!r} takes no custom mask"
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(cfg, "sliding_window", None):
+        return f"layer types {sorted(kinds)} (a sliding window ignores a custom mask)"
+    return None
 
 
 def head_logits(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -228,6 +332,7 @@ def logprobs_at(
     mask: torch.Tensor,
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    pred: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each next token and predictive entropy, only where `mask` is set.
 
@@ -238,7 +343,10 @@ def logprobs_at(
     (chunk, V) tensors; gradients reach the model through `hidden` and the head's parameters.
     """
     sel = mask > 0
-    h = hidden[:, :-1][sel]  # (N, H)
+    if pred is None:  # plain rows: target t+1 is predicted at t
+        h = hidden[:, :-1][sel]  # (N, H)
+    else:  # packed trees: at the node's parent
+        h = hidden.gather(1, pred[..., None].expand(-1, -1, hidden.shape[-1]))[sel]
     targets = input_ids[:, 1:][sel]  # (N,)
     logits_of = head_logits(model)
     hf: Any = model

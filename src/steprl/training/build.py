@@ -30,6 +30,7 @@ from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training import env_setup
+from steprl.training.batching import packing_unsupported
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
@@ -139,6 +140,7 @@ def build(
         else None
     )
     value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
+    pack = _pack_rows(cfg, policy.model, log)
     learner = Learner(
         policy.model,
         policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
@@ -164,6 +166,7 @@ def build(
         value_head=value_head,
         device=cfg.model.device,
         grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,
+        pack=pack,
     )
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
         engine.update_weights(learner.state_dict_for_engine(), version=engine.version)
@@ -233,6 +236,20 @@ def build(
         eval_tasks=eval_tasks(cfg, spec, cfg.trainer.eval_tasks),
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
     )
+
+
+def _pack_rows(cfg: Config, model: torch.nn.Module, log: Callable[[str], None]) -> bool:
+    """trainer.pack_rows: prefix-tree rows unless the model or the loss rules them out."""
+    if not cfg.trainer.pack_rows:
+        return False
+    why = packing_unsupported(model)
+    if cfg.algorithm.critic == "shared":
+        why = "a shared value head reads every row's own positions"
+    elif cfg.algorithm.aggregation == "seq-mean-token-mean":
+        why = "seq-mean-token-mean divides by each row's own token count"
+    if why is not None:
+        log(f"rows: not packed into prefix trees ({why})")
+    return why is None
 
 
 def eval_setup(parts: Parts) -> RolloutSetup:

@@ -16,7 +16,7 @@ from steprl.algorithms.inputs import PolicyLossInputs
 from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
 from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.views import Sample
-from steprl.training.batching import Batch, collate, last_hidden, logprobs_at, minibatches, token_logprobs
+from steprl.training.batching import Batch, collate, last_hidden, logprobs_at, minibatches
 from steprl.training.critic import ValueHead, collate_values
 from steprl.training.guards import grad_metrics, guarded_step
 from steprl.training.lora import adapter_update, is_peft
@@ -58,6 +58,7 @@ class Learner:
         value_head: ValueHead | None = None,
         device: str = "cpu",
         grad_spike_norm: float = float("inf"),
+        pack: bool = False,
     ) -> None:
         self.model = model.to(device).train()
         self.device = device
@@ -68,6 +69,10 @@ class Learner:
         self.grad_clip = grad_clip
         self.grad_spike_norm = grad_spike_norm
         self.micro_batch_size = micro_batch_size
+        if pack and value_head is not None:
+            raise ValueError("packed rows carry no per-row values: pack=False with a shared value head")
+        self.pack = pack  # rows sharing a prefix are computed once (training/packing.py)
+        self._prox_is_current = False
         self.pad_id = pad_id
         self.temperature = temperature
         self.reg = regularizers
@@ -95,14 +100,16 @@ class Learner:
         Computed on loss-mask positions only (0 elsewhere): all that the KL, proximal and EMPG
         terms read."""
         model = model or self.model
-        out = []
+        out: list[tuple[torch.Tensor, torch.Tensor]] = []
         for m0 in range(0, len(samples), self.micro_batch_size):
             chunk = samples[m0 : m0 + self.micro_batch_size]
-            b = collate(chunk, self.pad_id).to(self.device)
-            logp, ent = token_logprobs(model, b.input_ids, b.attention, self.temperature, mask=b.loss_mask)
+            b = collate(chunk, self.pad_id, pack=self.pack).to(self.device)
+            hidden = last_hidden(model, b.input_ids, b.attention, b.positions)
+            logp, ent = logprobs_at(model, hidden, b.input_ids, b.loss_mask, self.temperature, pred=b.pred)
+            trained = b.layout.trained if b.layout is not None else ()
             out += [
-                (logp[i, : len(s.input_ids) - 1].cpu(), ent[i, : len(s.input_ids) - 1].cpu())
-                for i, s in enumerate(chunk)
+                (lp * m, e * m)  # 0 off the row's own mask (a shared node may be another row's)
+                for lp, e, m in zip(b.per_sample(logp.cpu()), b.per_sample(ent.cpu()), trained, strict=True)
             ]
         return out
 
@@ -131,8 +138,12 @@ class Learner:
         """
         if not samples:
             return {"actor/optimizer_steps": 0.0}
-        # proximal policy = the weights before this step's updates (AReaL's decoupled objective)
-        prox = self.logprobs_of(samples) if self.needs_proximal else None
+        # proximal policy = the weights before this step's updates (AReaL's decoupled objective).
+        # With one optimizer step per batch those are the weights of the one backward pass: its
+        # own log-probs, detached, so no extra forward pass is needed.
+        one_step = epochs == 1 and len(minibatches(len(samples), mini_batches, torch.Generator())) == 1
+        prox = self.logprobs_of(samples) if self.needs_proximal and not one_step else None
+        self._prox_is_current = self.needs_proximal and one_step
         ref = self.logprobs_of(samples, self.ref_model) if self.ref_model is not None else None
         sums: dict[str, float] = {}
         tokens_seen = 0.0
@@ -146,7 +157,7 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 for m0 in range(0, len(mb), self.micro_batch_size):
                     idx = mb[m0 : m0 + self.micro_batch_size]
-                    b = collate([samples[i] for i in idx], self.pad_id).to(self.device)
+                    b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
                     stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
                     if first_mismatch is None:  # engine vs learner, before any update
                         first_mismatch = stats.pop("mismatch")
@@ -174,10 +185,13 @@ class Learner:
         m = b.loss_mask
         # log-probs only where trained, in chunks: no (B, T, V) logits (a shared value head
         # reads the same hidden states)
-        hidden = last_hidden(self.model, b.input_ids, b.attention)
-        logp, entropy = logprobs_at(self.model, hidden, b.input_ids, m, self.temperature)
-        prox_logp = _stack(prox, idx, m.shape) if prox is not None else b.old_logp
-        result = self.policy_loss(PolicyLossInputs(logp, b.old_logp, prox_logp.to(m.device), b.advantages))
+        hidden = last_hidden(self.model, b.input_ids, b.attention, b.positions)
+        logp, entropy = logprobs_at(self.model, hidden, b.input_ids, m, self.temperature, pred=b.pred)
+        if prox is not None:
+            prox_logp = b.from_per_sample([prox[i] for i in idx]).to(m.device)
+        else:
+            prox_logp = logp.detach() if self._prox_is_current else b.old_logp
+        result = self.policy_loss(PolicyLossInputs(logp, b.old_logp, prox_logp, b.advantages))
 
         def agg(x: torch.Tensor) -> torch.Tensor:
             return aggregate(
@@ -194,7 +208,7 @@ class Learner:
         if self.reg.entropy_coef:
             loss = loss - self.reg.entropy_coef * agg(entropy)
         if ref is not None and self.reg.kl_coef:
-            kl = kl_penalty(logp, _stack(ref, idx, m.shape).to(m.device), self.reg.kl_kind)
+            kl = kl_penalty(logp, b.from_per_sample([ref[i] for i in idx]).to(m.device), self.reg.kl_kind)
             loss = loss + self.reg.kl_coef * agg(kl)
             stats["actor/kl_to_ref"] = float(masked_mean(kl.detach(), m))
         if self.value_head is not None and old_values is not None:
@@ -217,14 +231,6 @@ class Learner:
                 }
             )
         return stats
-
-
-def _stack(per_sample: list[torch.Tensor], idx: list[int], shape: torch.Size) -> torch.Tensor:
-    out = torch.zeros(shape)
-    for r, i in enumerate(idx):
-        t = per_sample[i]
-        out[r, : t.numel()] = t
-    return out
 
 
 __all__ = ["Learner", "Regularizers"]

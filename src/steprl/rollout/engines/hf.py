@@ -19,11 +19,14 @@ import asyncio
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from steprl.rollout.engines.base import Generation, SamplingParams
+from steprl.rollout.engines.kv_cache import engine_cache, preloadable
+from steprl.rollout.engines.prefix_cache import PrefixCache
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
 
 
@@ -104,6 +107,7 @@ class HFEngine:
         max_batch_size: int = 256,
         seed: int = 0,
         version: int = 0,
+        prefix_cache_bytes: int = 1 << 30,
     ) -> None:
         self.model = model.to(device).eval()
         self.device = torch.device(device)
@@ -121,6 +125,12 @@ class HFEngine:
         self.tokens_generated = 0
         self.forward_passes = 0
         self._lora: LoraMerger | None = None  # holds W0 once adapter updates arrive (LoRA)
+        # keys/values of each row's context, for its trajectory's next turn (full-attention models)
+        self._prefix = (
+            PrefixCache(prefix_cache_bytes)
+            if prefix_cache_bytes > 0 and preloadable(engine_cache(self.model))
+            else None
+        )
 
     @property
     def version(self) -> int:
@@ -146,6 +156,12 @@ class HFEngine:
             self.model.load_state_dict(state_dict)
             self._lora = None  # new base weights: a later adapter update merges into these
         self._version = version
+        if self._prefix is not None:  # keys and values of the old weights
+            self._prefix.clear()
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self._prefix
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
@@ -186,37 +202,36 @@ class HFEngine:
     def _generate_batch(
         self, prompts: list[tuple[int, ...]], sp: SamplingParams, seeds: Sequence[int | None] | None = None
     ) -> list[Generation]:
-        bsz, longest = len(prompts), max(len(p) for p in prompts)
-        input_ids = torch.full((bsz, longest), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((bsz, longest), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every row's next token is at column -1
-            input_ids[i, longest - len(p) :] = torch.tensor(p)
-            attention[i, longest - len(p) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        bsz = len(prompts)
+        past, attention, positions, logits, layout = self._prefill(prompts)
+        width = attention.shape[1]  # decode step k writes cache column width + k
         stop_ids = torch.tensor(sorted({*sp.stop_token_ids, self.eos_token_id}), device=self.device)
 
         out_tokens: list[list[int]] = [[] for _ in range(bsz)]
         out_logps: list[list[float]] = [[] for _ in range(bsz)]
         finish: list[str] = ["length"] * bsz
         alive = torch.ones(bsz, dtype=torch.bool, device=self.device)
-        past = None
-        step_ids, step_pos = input_ids, positions
+        step_pos = positions
         seeds = list(seeds) if seeds is not None else [None] * bsz
         seeded = [i for i, s in enumerate(seeds) if s is not None]
         unseeded = [i for i, s in enumerate(seeds) if s is None]
         for index in range(sp.max_new_tokens):
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=attention,
-                position_ids=step_pos,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kw: past},
-            )
-            self.forward_passes += 1
-            past = getattr(out, self._cache_kw)
-            logits = out.logits[:, -1, :].float()
+            if index:  # feed the last token: finished rows a pad (ignored), so the batch stays rectangular
+                step_ids = torch.where(alive, tokens, torch.full_like(tokens, self.pad_token_id))[:, None]
+                step_pos = step_pos[:, -1:] + 1
+                attention = torch.cat(
+                    [attention, torch.ones((bsz, 1), dtype=attention.dtype, device=self.device)], 1
+                )
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=attention,
+                    position_ids=step_pos,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_kw: past},
+                )
+                self.forward_passes += 1
+                logits = out.logits[:, -1, :].float()
             uniforms = torch.empty(bsz, dtype=torch.float64)
             if seeded:
                 uniforms[seeded] = request_uniforms(self.seed, [seeds[i] or 0 for i in seeded], index)
@@ -238,14 +253,87 @@ class HFEngine:
             alive = alive & ~stopped
             if not bool(alive.any()):
                 break
-            # finished rows keep decoding a pad token (ignored) so the batch stays rectangular
-            step_ids = torch.where(alive, tokens, torch.full_like(tokens, self.pad_token_id))[:, None]
-            step_pos = step_pos[:, -1:] + 1
-            attention = torch.cat(
-                [attention, torch.ones((bsz, 1), dtype=attention.dtype, device=self.device)], 1
-            )
         self.tokens_generated += sum(len(t) for t in out_tokens)
+        if self._prefix is not None:
+            self._keep_prefixes(prompts, out_tokens, past, layout, width)
         return [
             Generation(tuple(t), tuple(lp), "stop" if f == "stop" else "length")
             for t, lp, f in zip(out_tokens, out_logps, finish, strict=True)
         ]
+
+    def _prefill(
+        self, prompts: list[tuple[int, ...]]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, list[list[int]]]:
+        """One forward pass over what is new in each prompt: (cache, attention, positions, the
+        next-token logits (B, V), per row the cache columns that hold its prompt; the decode
+        steps then write columns from `attention.shape[1]` on).
+
+        Identical prompts (a GRPO group's G samples at the first turn) are prefilled once. A
+        prompt that extends a stored prefix (the trajectory's previous turn) starts from its
+        keys and values. Layout, per unique row u: [stored prefix, right-aligned in the first
+        `wc` columns][new tokens, left-padded in the next `ws`]; padding is masked out.
+        """
+        unique = list(dict.fromkeys(prompts))
+        past = engine_cache(self.model)
+        hits = [self._prefix.take(p) if self._prefix is not None else None for p in unique]
+        cached = [h[0] if h else 0 for h in hits]
+        new = [p[c:] for p, c in zip(unique, cached, strict=True)]
+        n, wc, ws = len(unique), max(cached), max(len(x) for x in new)
+        ids = torch.full((n, ws), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((n, wc + ws), dtype=torch.long)
+        positions = torch.zeros((n, ws), dtype=torch.long)
+        layout: list[list[int]] = []
+        for u, (c, x) in enumerate(zip(cached, new, strict=True)):
+            ids[u, ws - len(x) :] = torch.tensor(x)
+            attention[u, wc - c : wc] = 1
+            attention[u, wc + ws - len(x) :] = 1
+            positions[u, ws - len(x) :] = torch.arange(c, c + len(x))
+            layout.append([*range(wc - c, wc), *range(wc + ws - len(x), wc + ws)])
+        if wc:
+            for layer_index, layer in enumerate(past.layers):
+                k0, v0 = next(h[1][layer_index] for h in hits if h)
+                keys = k0.new_zeros((n, k0.shape[0], wc, k0.shape[-1]))
+                values = v0.new_zeros((n, v0.shape[0], wc, v0.shape[-1]))
+                for u, h in enumerate(hits):
+                    if h:
+                        keys[u, :, wc - h[0] :] = h[1][layer_index][0]
+                        values[u, :, wc - h[0] :] = h[1][layer_index][1]
+                layer.preload(keys.to(self.device), values.to(self.device))
+        attention, positions = attention.to(self.device), positions.to(self.device)
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: past},
+        )
+        self.forward_passes += 1
+        logits = out.logits[:, -1, :].float()
+        if n < len(prompts):  # every duplicate gets its own copy of the one prefilled row
+            where = {p: u for u, p in enumerate(unique)}
+            rows = [where[p] for p in prompts]
+            sel = torch.tensor(rows, device=self.device)
+            past.batch_select_indices(sel)
+            attention, positions, logits = attention[sel], positions[sel], logits[sel]
+            layout = [layout[r] for r in rows]
+        return past, attention, positions, logits, layout
+
+    def _keep_prefixes(
+        self,
+        prompts: list[tuple[int, ...]],
+        outputs: list[list[int]],
+        past: Any,
+        layout: list[list[int]],
+        width: int,
+    ) -> None:
+        """Store each row's `prompt + output[:-1]` keys and values for its trajectory's next turn."""
+        assert self._prefix is not None
+        start = width
+        for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
+            cols = torch.tensor([*layout[i], *range(start, start + len(out) - 1)], device=self.device)
+            kv = tuple(
+                (layer.keys[i].index_select(1, cols), layer.values[i].index_select(1, cols))
+                for layer in past.layers
+            )
+            self._prefix.put((*prompt, *out[:-1]), kv)

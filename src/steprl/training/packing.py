@@ -1,0 +1,141 @@
+"""Prefix-tree packing of training rows: rows that share a prefix compute it once.
+
+A row's tokens see exactly their own prefix (causal attention), so any set of rows can be
+merged into one sequence per prefix tree (a trie over their token ids): each node is one token
+of one or more rows, it attends to its ancestors and itself, and its position id is its depth.
+Every node then has the hidden state it has in each row it belongs to, and the log-prob of a
+row's token is read off its node, predicted from the node's parent. This is exact for any
+causal LM, whatever made the rows:
+
+* the G samples of a GRPO group share their prompt: prefilled once instead of G times;
+* per-step rows of a history-editing context (`keep_last_k`, `drop_old_observations`,
+  `strip_thinking`) share everything up to where the context was edited: the T rows of a
+  trajectory, O(T^2) tokens for `drop_old_observations` and `strip_thinking`, become one tree of
+  O(T) nodes.
+
+A node is the loss position of at most one row: a second row whose *sampled* token lands on an
+already-trained node gets a branch of its own, so every (row, token) loss term stays separate.
+The per-step rows remain the reference (`rollout.views.per_step_view`); tests check the two
+against each other to 1e-5 in log-probs and gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from steprl.rollout.views import Sample
+
+#: Rows merged into one tree share at least this many leading tokens (their task prompt). Rows
+#: that share fewer are packed apart: merging them would save nothing and grow the mask.
+BUCKET_PREFIX = 8
+#: Cap on one tree's nodes: its attention mask is (nodes x nodes).
+MAX_TREE_NODES = 4096
+
+
+@dataclass
+class Tree:
+    """One packed sequence. `parent[i] < i` (-1 for a root); per-node target data is that of the
+    row whose sampled token the node is (0 elsewhere)."""
+
+    ids: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)
+    mask: list[float] = field(default_factory=list)
+    old: list[float] = field(default_factory=list)
+    adv: list[float] = field(default_factory=list)
+    ret: list[float] = field(default_factory=list)
+    children: list[dict[int, list[int]]] = field(default_factory=list)  # token -> nodes
+    roots: dict[int, list[int]] = field(default_factory=dict)
+    #: for each row packed here: the node of each of its tokens
+    nodes: list[list[int]] = field(default_factory=list)
+
+    def _new(self, token: int, parent: int) -> int:
+        self.ids.append(token)
+        self.parent.append(parent)
+        self.depth.append(self.depth[parent] + 1 if parent >= 0 else 0)
+        self.mask.append(0.0)
+        self.old.append(0.0)
+        self.adv.append(0.0)
+        self.ret.append(0.0)
+        self.children.append({})
+        return len(self.ids) - 1
+
+    def add(self, s: Sample) -> None:
+        path: list[int] = []
+        here = -1
+        for t, token in enumerate(s.input_ids):
+            trained = bool(s.loss_mask[t]) if t < len(s.loss_mask) else False
+            siblings = self.children[here] if here >= 0 else self.roots
+            node = next((c for c in siblings.get(token, []) if not (trained and self.mask[c])), None)
+            if node is None:
+                node = self._new(token, here)
+                siblings.setdefault(token, []).append(node)
+            if trained:
+                self.mask[node] = 1.0
+                self.old[node] = s.old_logprobs[t]
+                self.adv[node] = s.advantages[t] if s.advantages else 0.0
+                self.ret[node] = s.returns[t] if s.returns else 0.0
+            path.append(node)
+            here = node
+        self.nodes.append(path)
+
+
+def pack(samples: Sequence[Sample]) -> tuple[list[Tree], list[tuple[int, int]]]:
+    """Trees for `samples` and, per sample, (tree index, row index within that tree).
+
+    Rows are bucketed by their first BUCKET_PREFIX tokens (in order of first appearance), and a
+    bucket's tree is closed once it would exceed MAX_TREE_NODES (a row longer than that gets a
+    tree of its own).
+    """
+    trees: list[Tree] = []
+    where: list[tuple[int, int]] = []
+    open_tree: dict[tuple[int, ...], int] = {}
+    for s in samples:
+        key = s.input_ids[:BUCKET_PREFIX]
+        b = open_tree.get(key)
+        if b is None or len(trees[b].ids) + len(s.input_ids) > MAX_TREE_NODES:
+            trees.append(Tree())
+            b = open_tree[key] = len(trees) - 1
+        trees[b].add(s)
+        where.append((b, len(trees[b].nodes) - 1))
+    return trees, where
+
+
+def tree_tensors(
+    trees: Sequence[Tree], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(input_ids (B, T), positions (B, T), allowed (B, 1, T, T) bool, pred (B, T-1), per-target
+    fields (B, T-1): mask, old, adv, ret). Target t is node t+1, predicted from node pred[t]."""
+    width = max(len(t.ids) for t in trees)
+    bsz = len(trees)
+    ids = torch.full((bsz, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((bsz, width), dtype=torch.long)
+    # a padding node sees only itself (a row with nothing to attend to would give NaN)
+    allowed = torch.eye(width, dtype=torch.bool).repeat(bsz, 1, 1)
+    pred = torch.zeros((bsz, width), dtype=torch.long)
+    fields = {k: torch.zeros((bsz, width)) for k in ("mask", "old", "adv", "ret")}
+    for b, t in enumerate(trees):
+        n = len(t.ids)
+        ids[b, :n] = torch.tensor(t.ids)
+        pos[b, :n] = torch.tensor(t.depth)
+        parent = torch.tensor(t.parent)
+        pred[b, :n] = parent.clamp(min=0)
+        rows = allowed[b]
+        for i, p in enumerate(t.parent):  # ancestors of i = ancestors of its parent, plus i
+            if p >= 0:
+                rows[i, :i] = rows[p, :i]
+        for k, vals in (("mask", t.mask), ("old", t.old), ("adv", t.adv), ("ret", t.ret)):
+            fields[k][b, :n] = torch.tensor(vals)
+    # a root (no parent) is never a target: nothing predicts it
+    for b, t in enumerate(trees):
+        for i, p in enumerate(t.parent):
+            if p < 0:
+                fields["mask"][b, i] = 0.0
+    targets = {k: v[:, 1:] for k, v in fields.items()}
+    return ids, pos, allowed[:, None], pred[:, 1:], targets
+
+
+__all__ = ["BUCKET_PREFIX", "MAX_TREE_NODES", "Tree", "pack", "tree_tensors"]
