@@ -34,7 +34,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_shape import MULTI_TURN_SPEC, PROMPTS, SHAPE, digit_share  # noqa: E402
-
 from steprl.config import load_config  # noqa: E402
 from steprl.models.tiny import TinyModelSpec, build_model, build_tokenizer  # noqa: E402
 from steprl.rollout.chat import PlainFormat  # noqa: E402
@@ -189,7 +188,9 @@ def run_floor(steps: int, seed: int) -> list[tuple[float, float, dict[str, float
         model.eval()
         with torch.no_grad():
             pos = (attn.cumsum(-1) - 1).clamp(min=0)
-            o = model(input_ids=prompt, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+            o = model(
+                input_ids=prompt, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1
+            )
             toks = []
             for _ in range(SHAPE.max_new_tokens):
                 probs = torch.softmax(o.logits[:, -1].float(), -1)
@@ -237,7 +238,9 @@ def run_engine_turns(seed: int) -> tuple[float, int]:
         fmt=fmt,
         rule=AppendOnly(),
         sampling=SamplingParams(temperature=1.0),
-        budgets=Budgets(max_turns=SHAPE.turns, max_tokens_per_turn=SHAPE.max_new_tokens, max_total_tokens=512),
+        budgets=Budgets(
+            max_turns=SHAPE.turns, max_tokens_per_turn=SHAPE.max_new_tokens, max_total_tokens=512
+        ),
     )
     t0 = time.perf_counter()
     groups = asyncio.run(rollout_groups(_tasks(SHAPE.prompts), SHAPE.samples, setup, seed=seed))
@@ -309,7 +312,10 @@ def compare_a(rounds: int, steps: int, seed: int) -> None:
                 got[name] = []
                 continue
             got[name] += rows[1:]  # the first step of a run pays one-off warm-up
-        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{k} {med([x[0] for x in v]):.4f}s" for k, v in got.items()))
+        print(
+            f"  round {r + 1}/{rounds}: "
+            + ", ".join(f"{k} {med([x[0] for x in v]):.4f}s" for k, v in got.items())
+        )
     print(f"(a) seconds per RL step, medians of {rounds} rounds x {steps} steps:")
     base = med([x[0] for x in got["steprl"]])
     for name, rows in got.items():
@@ -336,11 +342,17 @@ def curves(steps: int, seed: int) -> None:
 def compare_b(rounds: int, seed: int) -> None:
     got: dict[str, list[float]] = {"steprl engine": [], "HF generate per turn": []}
     for _ in range(rounds):
-        for name, fn in (("steprl engine", run_engine_turns), ("HF generate per turn", run_hf_generate_turns)):
+        for name, fn in (
+            ("steprl engine", run_engine_turns),
+            ("HF generate per turn", run_hf_generate_turns),
+        ):
             dt, n = fn(seed)
             got[name].append(n / dt)
     n_eps = SHAPE.prompts * SHAPE.samples
-    print(f"(b) multi-turn rollout, {n_eps} episodes x {SHAPE.turns} turns, sampled tokens/s (median of {rounds}):")
+    print(
+        f"(b) multi-turn rollout, {n_eps} episodes x {SHAPE.turns} turns, "
+        f"sampled tokens/s (median of {rounds}):"
+    )
     base = med(got["HF generate per turn"])
     for name, vals in got.items():
         print(f"  {name:22s} {med(vals):9.0f} tok/s  (x{med(vals) / base:.2f} of HF generate)")

@@ -65,7 +65,8 @@ def test_prefix_reuse_keeps_the_rollouts_and_their_logprobs(tokenizer, small_mod
     for a, b in zip(fresh, reused, strict=True):
         assert [s.action_ids for s in a.steps] == [s.action_ids for s in b.steps]
         for sa, sb in zip(a.steps, b.steps, strict=True):
-            assert max((abs(x - y) for x, y in zip(sa.action_logprobs, sb.action_logprobs)), default=0) < 1e-5
+            gaps = [abs(x - y) for x, y in zip(sa.action_logprobs, sb.action_logprobs, strict=True)]
+            assert max(gaps, default=0.0) < 1e-5
     # and the learner, recomputing from scratch, still agrees with the engine
     batch = collate([packed_view(t, i) for i, t in enumerate(reused)], tokenizer.pad_token_id)
     with torch.no_grad():

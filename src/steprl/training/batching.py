@@ -13,7 +13,8 @@ from torch import nn
 
 from steprl.errors import UserError
 from steprl.rollout.views import Sample
-from steprl.training.packing import pack, tree_tensors
+from steprl.training.packing import Tree, pack, tree_tensors
+from steprl.training.tree_forward import tree_hidden
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,10 @@ class Layout:
 class Batch:
     """Right-padded tensors for one micro-batch. Targets are input_ids[:, 1:].
 
-    input_ids: (B, T); attention: (B, T) padding mask, or (B, 1, T, T) bool for packed trees
-    (`training/packing.py`). Every other per-token field is (B, T-1), aligned with the targets:
-    position t is about the prediction of input_ids[:, t+1], made from the hidden state at
-    `pred[:, t]` (t itself for plain rows; the node's parent in a tree) with position ids
-    `positions` (None: 0..T-1). `layout` maps each sample's targets to batch positions.
+    input_ids, attention: (B, T). Every other per-token field is (B, T-1), aligned with the
+    targets: position t is about the prediction of input_ids[:, t+1], made from the hidden state
+    at `pred[:, t]` (None: t itself; for packed `trees` (training/packing.py), one per row, the
+    node's parent). `layout` maps each sample's targets to batch positions.
     """
 
     input_ids: torch.Tensor
@@ -46,6 +46,7 @@ class Batch:
     positions: torch.Tensor | None = None
     pred: torch.Tensor | None = None
     layout: Layout | None = None
+    trees: tuple[Tree, ...] | None = None  # packed: the forward runs over these (tree_forward.py)
 
     def to(self, device: str | torch.device) -> Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -61,13 +62,16 @@ class Batch:
             move(self.positions),
             move(self.pred),
             self.layout,
+            self.trees,
         )
 
     def per_sample(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, T-1) batch layout -> one (len-1,) tensor per sample, in the samples' order."""
         if self.layout is None:
             raise ValueError("this batch has no layout (collate(..., with_layout=True))")
-        return [x[r.to(x.device), c.to(x.device)] for r, c in zip(self.layout.rows, self.layout.cols, strict=True)]
+        return [
+            x[r.to(x.device), c.to(x.device)] for r, c in zip(self.layout.rows, self.layout.cols, strict=True)
+        ]
 
     def from_per_sample(self, values: Sequence[torch.Tensor]) -> torch.Tensor:
         """One (len-1,) tensor per sample -> (B, T-1), written where each sample is trained."""
@@ -122,8 +126,8 @@ def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Ba
     )
 
 
-#: Pack only when the trees hold at most this share of the rows' tokens: a tree's (T, T) mask
-#: costs attention a plain causal row does not pay, worth it only when prefixes are shared.
+#: Pack only when the trees hold at most this share of the rows' tokens: a tree runs as several
+#: short forward passes (one per level), worth it only when prefixes are shared.
 PACK_WHEN_NODES_BELOW = 0.8
 
 
@@ -131,7 +135,7 @@ def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
     trees, where = pack(samples)
     if sum(len(t.ids) for t in trees) > PACK_WHEN_NODES_BELOW * sum(len(s.input_ids) for s in samples):
         return collate(samples, pad_id)
-    ids, pos, allowed, pred, f = tree_tensors(trees, pad_id)
+    ids, valid, pred, f = tree_tensors(trees, pad_id)
     rows, cols = [], []
     for b, r in where:
         nodes = torch.tensor(trees[b].nodes[r][1:]) - 1  # target t of the row is node t+1's column
@@ -140,7 +144,7 @@ def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
     trained = tuple(torch.tensor(s.loss_mask[1:], dtype=torch.float32) for s in samples)
     layout = Layout(tuple(rows), tuple(cols), trained)
     mask = f["mask"]
-    return Batch(ids, allowed, mask, f["old"], f["adv"] * mask, f["ret"], pos, pred, layout)
+    return Batch(ids, valid, mask, f["old"], f["adv"] * mask, f["ret"], None, pred, layout, tuple(trees))
 
 
 #: Size of one fp32 (chunk, V) logits block. The head's live memory is a small multiple of it
@@ -161,7 +165,7 @@ def last_hidden(
     """
     out = model(
         input_ids=input_ids,
-        attention_mask=_as_model_mask(model, attention),
+        attention_mask=attention,
         position_ids=positions,
         output_hidden_states=True,
         logits_to_keep=1,
@@ -172,24 +176,18 @@ def last_hidden(
     return hidden
 
 
-def _as_model_mask(model: nn.Module, attention: torch.Tensor) -> torch.Tensor:
-    """A (B, 1, T, T) bool mask (True: attend) as the model's attention wants it: as is for SDPA,
-    additive (0 / dtype min) for eager attention."""
-    if attention.dim() != 4 or attention.dtype != torch.bool:
-        return attention
-    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
-        dtype = next(model.parameters()).dtype
-        return torch.zeros(attention.shape, dtype=dtype).masked_fill(~attention, torch.finfo(dtype).min)
-    return attention
+def batch_hidden(model: nn.Module, b: Batch) -> torch.Tensor:
+    """Final hidden states (B, T, H) of a batch: of its rows, or of each packed tree's nodes."""
+    if b.trees is not None:
+        return tree_hidden(model, b.trees, b.input_ids.device)
+    return last_hidden(model, b.input_ids, b.attention, b.positions)
 
 
 def packing_unsupported(model: nn.Module) -> str | None:
-    """Why prefix-tree rows (a custom (T, T) mask and position ids) would be wrong for `model`,
-    or None when they are exact: full attention everywhere, under SDPA or eager attention."""
+    """Why prefix-tree rows (segments run after their ancestors' keys and values, handed in as
+    the KV cache) would be wrong for `model`, or None when they are exact: full attention in
+    every layer, so a cached prefix is all a segment needs."""
     cfg = _text_config(model)
-    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    if impl not in ("sdpa", "eager"):
-        return f"attention implementation {impl!r} takes no custom mask"
     kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"} or getattr(cfg, "sliding_window", None):
         return f"layer types {sorted(kinds)} (a sliding window ignores a custom mask)"

@@ -16,7 +16,7 @@ from steprl.algorithms.inputs import PolicyLossInputs
 from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
 from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.views import Sample
-from steprl.training.batching import Batch, collate, last_hidden, logprobs_at, minibatches
+from steprl.training.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
 from steprl.training.critic import ValueHead, collate_values
 from steprl.training.guards import grad_metrics, guarded_step
 from steprl.training.lora import adapter_update, is_peft
@@ -101,10 +101,10 @@ class Learner:
         terms read."""
         model = model or self.model
         out: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for m0 in range(0, len(samples), self.micro_batch_size):
-            chunk = samples[m0 : m0 + self.micro_batch_size]
+        for idx in self._micro_batches(samples, list(range(len(samples)))):
+            chunk = [samples[i] for i in idx]
             b = collate(chunk, self.pad_id, pack=self.pack).to(self.device)
-            hidden = last_hidden(model, b.input_ids, b.attention, b.positions)
+            hidden = batch_hidden(model, b)
             logp, ent = logprobs_at(model, hidden, b.input_ids, b.loss_mask, self.temperature, pred=b.pred)
             trained = b.layout.trained if b.layout is not None else ()
             out += [
@@ -155,8 +155,7 @@ class Learner:
                 n_tokens = float(sum(sum(s.loss_mask) for s in rows))
                 n_seqs = float(sum(1 for s in rows if any(s.loss_mask)))
                 self.optimizer.zero_grad(set_to_none=True)
-                for m0 in range(0, len(mb), self.micro_batch_size):
-                    idx = mb[m0 : m0 + self.micro_batch_size]
+                for idx in self._micro_batches(samples, mb):
                     b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
                     stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
                     if first_mismatch is None:  # engine vs learner, before any update
@@ -172,6 +171,32 @@ class Learner:
         metrics["actor/engine_logprob_diff_max"] = first_mismatch or 0.0
         return metrics
 
+    def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
+        """Split a mini-batch's rows into micro-batches (memory only: the loss is the same).
+
+        Plain rows: `micro_batch_size` at a time. Packed rows: in their original order, so a
+        trajectory's rows (and a group's) land together and share their prefixes, as many as fit
+        the tokens of `micro_batch_size` plain rows of the longest length.
+        """
+        if not self.pack:
+            return [idx[i : i + self.micro_batch_size] for i in range(0, len(idx), self.micro_batch_size)]
+        budget = self.micro_batch_size * max(len(samples[i].input_ids) for i in idx)
+        out: list[list[int]] = [[]]
+        unique = 0  # a bound on the nodes: the tokens not shared with the previous row
+        for i in sorted(idx):
+            row = samples[i].input_ids
+            prev = samples[out[-1][-1]].input_ids if out[-1] else ()
+            shared = next(
+                (n for n, (a, b) in enumerate(zip(row, prev, strict=False)) if a != b),
+                min(len(row), len(prev)),
+            )
+            if out[-1] and unique + len(row) - shared > budget:
+                out.append([])
+                unique, shared = 0, 0
+            out[-1].append(i)
+            unique += len(row) - shared
+        return out
+
     def _backward(
         self,
         b: Batch,
@@ -185,7 +210,7 @@ class Learner:
         m = b.loss_mask
         # log-probs only where trained, in chunks: no (B, T, V) logits (a shared value head
         # reads the same hidden states)
-        hidden = last_hidden(self.model, b.input_ids, b.attention, b.positions)
+        hidden = batch_hidden(self.model, b)
         logp, entropy = logprobs_at(self.model, hidden, b.input_ids, m, self.temperature, pred=b.pred)
         if prox is not None:
             prox_logp = b.from_per_sample([prox[i] for i in idx]).to(m.device)

@@ -28,10 +28,10 @@ import torch
 
 from steprl.rollout.views import Sample
 
-#: Rows merged into one tree share at least this many leading tokens (their task prompt). Rows
-#: that share fewer are packed apart: merging them would save nothing and grow the mask.
+#: Rows merged into one tree share their first this-many prompt tokens (the task's). Rows that
+#: share fewer are packed apart: merging them would save little and grow the mask.
 BUCKET_PREFIX = 8
-#: Cap on one tree's nodes: its attention mask is (nodes x nodes).
+#: Cap on one tree's nodes (a tree is one row of the learner's micro-batch).
 MAX_TREE_NODES = 4096
 
 
@@ -86,7 +86,8 @@ class Tree:
 def pack(samples: Sequence[Sample]) -> tuple[list[Tree], list[tuple[int, int]]]:
     """Trees for `samples` and, per sample, (tree index, row index within that tree).
 
-    Rows are bucketed by their first BUCKET_PREFIX tokens (in order of first appearance), and a
+    Rows are bucketed by their first BUCKET_PREFIX tokens, cut at their first trained token (in
+    order of first appearance), and a
     bucket's tree is closed once it would exceed MAX_TREE_NODES (a row longer than that gets a
     tree of its own).
     """
@@ -94,7 +95,9 @@ def pack(samples: Sequence[Sample]) -> tuple[list[Tree], list[tuple[int, int]]]:
     where: list[tuple[int, int]] = []
     open_tree: dict[tuple[int, ...], int] = {}
     for s in samples:
-        key = s.input_ids[:BUCKET_PREFIX]
+        # the row's prompt, up to BUCKET_PREFIX tokens: a group's rows share it, tasks differ in it
+        first_trained = next((t for t, m in enumerate(s.loss_mask) if m), len(s.input_ids))
+        key = s.input_ids[: min(BUCKET_PREFIX, first_trained)]
         b = open_tree.get(key)
         if b is None or len(trees[b].ids) + len(s.input_ids) > MAX_TREE_NODES:
             trees.append(Tree())
@@ -106,36 +109,25 @@ def pack(samples: Sequence[Sample]) -> tuple[list[Tree], list[tuple[int, int]]]:
 
 def tree_tensors(
     trees: Sequence[Tree], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """(input_ids (B, T), positions (B, T), allowed (B, 1, T, T) bool, pred (B, T-1), per-target
-    fields (B, T-1): mask, old, adv, ret). Target t is node t+1, predicted from node pred[t]."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(input_ids (B, T), node validity (B, T), pred (B, T-1), per-target fields (B, T-1): mask,
+    old, adv, ret). Target t is node t+1, predicted from the hidden state of node pred[t]."""
     width = max(len(t.ids) for t in trees)
     bsz = len(trees)
     ids = torch.full((bsz, width), pad_id, dtype=torch.long)
-    pos = torch.zeros((bsz, width), dtype=torch.long)
-    # a padding node sees only itself (a row with nothing to attend to would give NaN)
-    allowed = torch.eye(width, dtype=torch.bool).repeat(bsz, 1, 1)
+    valid = torch.zeros((bsz, width), dtype=torch.long)
     pred = torch.zeros((bsz, width), dtype=torch.long)
     fields = {k: torch.zeros((bsz, width)) for k in ("mask", "old", "adv", "ret")}
     for b, t in enumerate(trees):
         n = len(t.ids)
         ids[b, :n] = torch.tensor(t.ids)
-        pos[b, :n] = torch.tensor(t.depth)
-        parent = torch.tensor(t.parent)
-        pred[b, :n] = parent.clamp(min=0)
-        rows = allowed[b]
-        for i, p in enumerate(t.parent):  # ancestors of i = ancestors of its parent, plus i
-            if p >= 0:
-                rows[i, :i] = rows[p, :i]
+        valid[b, :n] = 1
+        pred[b, :n] = torch.tensor(t.parent).clamp(min=0)
         for k, vals in (("mask", t.mask), ("old", t.old), ("adv", t.adv), ("ret", t.ret)):
             fields[k][b, :n] = torch.tensor(vals)
-    # a root (no parent) is never a target: nothing predicts it
-    for b, t in enumerate(trees):
-        for i, p in enumerate(t.parent):
-            if p < 0:
-                fields["mask"][b, i] = 0.0
-    targets = {k: v[:, 1:] for k, v in fields.items()}
-    return ids, pos, allowed[:, None], pred[:, 1:], targets
+        roots = [i for i, p in enumerate(t.parent) if p < 0]
+        fields["mask"][b, roots] = 0.0  # a root is never a target: nothing predicts it
+    return ids, valid, pred[:, 1:], {k: v[:, 1:] for k, v in fields.items()}
 
 
 __all__ = ["BUCKET_PREFIX", "MAX_TREE_NODES", "Tree", "pack", "tree_tensors"]

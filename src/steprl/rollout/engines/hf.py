@@ -19,15 +19,15 @@ import asyncio
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.engines.kv_cache import engine_cache, preloadable
-from steprl.rollout.engines.prefix_cache import PrefixCache
+from steprl.rollout.engines.kv_cache import GrowingLayer, engine_cache, preloadable
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
+from steprl.rollout.engines.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -215,6 +215,7 @@ class HFEngine:
         seeds = list(seeds) if seeds is not None else [None] * bsz
         seeded = [i for i, s in enumerate(seeds) if s is not None]
         unseeded = [i for i, s in enumerate(seeds) if s is None]
+        tokens = torch.zeros(bsz, dtype=torch.long, device=self.device)
         for index in range(sp.max_new_tokens):
             if index:  # feed the last token: finished rows a pad (ignored), so the batch stays rectangular
                 step_ids = torch.where(alive, tokens, torch.full_like(tokens, self.pad_token_id))[:, None]
@@ -298,7 +299,7 @@ class HFEngine:
                     if h:
                         keys[u, :, wc - h[0] :] = h[1][layer_index][0]
                         values[u, :, wc - h[0] :] = h[1][layer_index][1]
-                layer.preload(keys.to(self.device), values.to(self.device))
+                cast(GrowingLayer, layer).preload(keys.to(self.device), values.to(self.device))
         attention, positions = attention.to(self.device), positions.to(self.device)
         out = self.model(
             input_ids=ids.to(self.device),

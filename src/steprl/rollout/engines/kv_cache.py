@@ -86,7 +86,8 @@ class GrowingLayer(DynamicLayer):
 
 def engine_cache(model: torch.nn.Module) -> DynamicCache:
     """An empty cache for `model`: its config's layer types, full-attention ones as `GrowingLayer`."""
-    cache = DynamicCache(config=model.config)
+    config: Any = model.config
+    cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     if cache.layer_class_to_replicate is DynamicLayer:  # a config without layer types: made lazily
         cache.layer_class_to_replicate = GrowingLayer
