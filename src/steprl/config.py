@@ -173,6 +173,9 @@ class RolloutSection(_Section):
     template_mismatch: Literal["refuse", "per_turn"] = "refuse"
     keep_last_k: int = Field(2, ge=0)  # k for keep_last_k / drop_old_observations
     max_batch_size: int = Field(256, gt=0)  # engine batch cap
+    # waiting requests join the decoding batch between steps (false: a batch runs to its end)
+    continuous_batching: bool = True
+    prefix_cache_mib: int = Field(1024, ge=0)  # keys/values kept across turns; 0: re-prefill
 
     @field_validator("system_prompt")
     @classmethod

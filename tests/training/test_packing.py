@@ -5,6 +5,8 @@ shared prompt, the packed trees must give the same log-probs (1e-5, fp32) and th
 gradients (1e-5 relative), on fewer tokens.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -55,7 +57,7 @@ def test_per_step_rows_packed_into_trees_give_the_same_logprobs_and_gradients(
     trajs = sample_rollouts(rule, engine_seed=5, n_tasks=4, group_size=3)
     assert sum(len(t.steps) > 2 for t in trajs) >= 2, "want trajectories of several turns"
     samples = _with_advantages([s for i, t in enumerate(trajs) for s in per_step_view(t, i)])
-    model = small_model.train()
+    model = copy.deepcopy(small_model).train()  # never the session's own model
     rows, nodes = _compare(model, samples, tokenizer.pad_token_id)
     assert nodes < rows  # (at 8 turns, benchmarks/packed_rows.py: several times fewer)
 
@@ -69,7 +71,7 @@ def test_a_groups_shared_prompt_is_computed_once(tokenizer, small_model, sample_
     samples = _with_advantages([packed_view(t, i) for i, t in enumerate(trajs)])
     trees, where = pack(samples)
     assert len(trees) == 3  # one tree per task's group
-    _compare(small_model.train(), samples, tokenizer.pad_token_id)
+    _compare(copy.deepcopy(small_model).train(), samples, tokenizer.pad_token_id)
 
 
 def test_a_trained_token_is_never_shared_by_two_rows():

@@ -129,6 +129,8 @@ def build(
         device=cfg.model.device,
         max_batch_size=cfg.rollout.max_batch_size,
         seed=cfg.run.seed,
+        prefix_cache_bytes=cfg.rollout.prefix_cache_mib << 20,
+        continuous=cfg.rollout.continuous_batching,
     )
     algo = cfg.algorithm
     loss_spec = POLICY_LOSSES[algo.policy_loss]

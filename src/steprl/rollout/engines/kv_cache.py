@@ -32,9 +32,17 @@ class GrowingLayer(DynamicLayer):
     def preload(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Start from stored keys and values (B, kv_heads, L, head_dim) instead of empty."""
         self.device = keys.device
-        self._k, self._v, self._n = keys, values, keys.shape[-2]
-        self.keys, self.values = keys, values
+        n = keys.shape[-2]
+        self._k = keys.new_empty((*keys.shape[:2], n + max(32, n // 2), keys.shape[-1]))
+        self._v = values.new_empty((*values.shape[:2], n + max(32, n // 2), values.shape[-1]))
+        self._k[..., :n, :], self._v[..., :n, :], self._n = keys, values, n
+        self.keys, self.values = self._k[..., :n, :], self._v[..., :n, :]
         self.is_initialized = True
+
+    def drop_left(self, n: int) -> None:
+        """Forget the first `n` columns (no row reads them any more)."""
+        self._k, self._v, self._n = self._k[..., n:, :], self._v[..., n:, :], self._n - n
+        self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
 
     def _reserve(self, needed: int) -> None:
         cap = self._k.shape[-2]
@@ -69,8 +77,14 @@ class GrowingLayer(DynamicLayer):
             self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized:
-            self._k, self._v = self._k[indices], self._v[indices]
+        if self.is_initialized:  # copies the filled columns only; the spare room stays
+            k, v = (
+                self._k.new_empty((len(indices), *self._k.shape[1:])),
+                self._v.new_empty((len(indices), *self._v.shape[1:])),
+            )
+            k[..., : self._n, :] = self._k[indices, :, : self._n]
+            v[..., : self._n, :] = self._v[indices, :, : self._n]
+            self._k, self._v = k, v
             self.keys, self.values = self._k[..., : self._n, :], self._v[..., : self._n, :]
 
     def batch_repeat_interleave(self, repeats: int) -> None:
