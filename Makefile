@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean venv
+.PHONY: demo test lint typecheck bench bench-venv vs-peers clean venv
 
 venv: $(STAMP)
 
@@ -49,5 +49,17 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_vs_learner.py
 
+# The peers' venv for benchmarks/vs_peers.py (TRL is no dependency of steprl): the CPU torch,
+# steprl itself, and TRL 1.16.0 with transformers 5.24.0 (the pair measured in docs/performance.md).
+bench-venv:
+	test -x .venv-bench/bin/python || $(PY) -m venv .venv-bench
+	.venv-bench/bin/python -m pip install --quiet --upgrade pip
+	.venv-bench/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	  .venv-bench/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu
+	.venv-bench/bin/pip install --quiet -e . "trl==1.16.0" "transformers==5.24.0" datasets
+
+vs-peers: bench-venv
+	.venv-bench/bin/python benchmarks/vs_peers.py
+
 clean:
-	rm -rf $(VENV) .venv-mcp-sqlite runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-mcp-sqlite .venv-bench runs .pytest_cache .mypy_cache .ruff_cache

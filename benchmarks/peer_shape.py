@@ -94,11 +94,22 @@ class ToolTurnsEnv:
         pass
 
 
+class LongTailTurnsEnv(ToolTurnsEnv):
+    """`ToolTurnsEnv` whose actions also stop at any of 8 common characters: from a random
+    model, turn lengths are then geometric (mean about 14 tokens) with a long tail up to the
+    turn budget, the shape where a batch that waits for its longest row idles most."""
+
+    stop_strings = ("</calc>", "a", "e", "i", "o", "u", " ", "0", "1")
+
+
 def _any(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
     return str(rng.randint(0, 99))
 
 
 SPEC = EnvSpec("peer_shape", DigitsEnv, prompt_stream, {"expert": _any, "random": _any}, max_turns=1)
+LONG_TAIL_SPEC = EnvSpec(
+    "peer_long_tail", LongTailTurnsEnv, prompt_stream, {"expert": _any, "random": _any}, max_turns=SHAPE.turns
+)
 MULTI_TURN_SPEC = EnvSpec(
     "peer_turns", ToolTurnsEnv, prompt_stream, {"expert": _any, "random": _any}, max_turns=SHAPE.turns
 )

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_shape import MULTI_TURN_SPEC, PROMPTS, SHAPE, digit_share  # noqa: E402
+from peer_shape import LONG_TAIL_SPEC, MULTI_TURN_SPEC, PROMPTS, SHAPE, digit_share  # noqa: E402
 from steprl.config import load_config  # noqa: E402
 from steprl.models.tiny import TinyModelSpec, build_model, build_tokenizer  # noqa: E402
 from steprl.rollout.chat import PlainFormat  # noqa: E402
@@ -225,22 +225,33 @@ def _tasks(n: int) -> list:
     return [t for _, t in zip(range(n), MULTI_TURN_SPEC.tasks("train", 0), strict=False)]
 
 
-def run_engine_turns(seed: int) -> tuple[float, int]:
+#: (b)'s workloads: env spec and the turn budget. "lockstep": a random model rarely stops, so
+#: nearly every turn runs the full 16 tokens; "long tail": turns stop early, a few run to 64.
+WORKLOADS = {"lockstep": (MULTI_TURN_SPEC, SHAPE.max_new_tokens), "long tail": (LONG_TAIL_SPEC, 64)}
+
+
+def run_engine_turns(
+    seed: int, workload: str = "lockstep", *, continuous: bool = True, reuse: bool = True
+) -> tuple[float, int]:
     """steprl's engine under the agent loop: (seconds, sampled tokens) for one batch of episodes."""
+    spec, budget = WORKLOADS[workload]
     model = fresh_model(seed)
     fmt = PlainFormat(TOKENIZER)
     engine = HFEngine(
-        model, eos_token_id=TOKENIZER.eos_token_id, pad_token_id=TOKENIZER.pad_token_id, seed=seed
+        model,
+        eos_token_id=TOKENIZER.eos_token_id,
+        pad_token_id=TOKENIZER.pad_token_id,
+        seed=seed,
+        continuous=continuous,
+        prefix_cache_bytes=(1 << 30) if reuse else 0,
     )
     setup = RolloutSetup(
-        make_env=lambda task: MULTI_TURN_SPEC.factory(),
+        make_env=lambda task: spec.factory(),
         engine=engine,
         fmt=fmt,
         rule=AppendOnly(),
         sampling=SamplingParams(temperature=1.0),
-        budgets=Budgets(
-            max_turns=SHAPE.turns, max_tokens_per_turn=SHAPE.max_new_tokens, max_total_tokens=512
-        ),
+        budgets=Budgets(max_turns=SHAPE.turns, max_tokens_per_turn=budget, max_total_tokens=512),
     )
     t0 = time.perf_counter()
     groups = asyncio.run(rollout_groups(_tasks(SHAPE.prompts), SHAPE.samples, setup, seed=seed))
@@ -248,17 +259,18 @@ def run_engine_turns(seed: int) -> tuple[float, int]:
     return dt, sum(len(s.action_ids) for g in groups for t in g.trajectories for s in t.steps)
 
 
-def run_hf_generate_turns(seed: int) -> tuple[float, int]:
+def run_hf_generate_turns(seed: int, workload: str = "lockstep") -> tuple[float, int]:
     """HF `generate` once per turn over all episodes, the context re-prefilled every turn."""
+    spec, budget = WORKLOADS[workload]
     model = fresh_model(seed).eval()
     torch.manual_seed(seed)
     fmt = PlainFormat(TOKENIZER)
-    stops = [TOKENIZER.eos_token_id, *fmt.stop_tokens(MULTI_TURN_SPEC.factory().stop_strings)[0]]
+    stops = [TOKENIZER.eos_token_id, *fmt.stop_tokens(spec.factory().stop_strings)[0]]
     t0 = time.perf_counter()
     envs, contexts = [], []
     for task in _tasks(SHAPE.prompts):
         for _ in range(SHAPE.samples):
-            env = MULTI_TURN_SPEC.factory()
+            env = spec.factory()
             first = env.reset(task, 0)
             envs.append(env)
             contexts.append(list(fmt.initial_ids("", first.text)))
@@ -276,7 +288,7 @@ def run_hf_generate_turns(seed: int) -> tuple[float, int]:
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,
-                max_new_tokens=SHAPE.max_new_tokens,
+                max_new_tokens=budget,
                 eos_token_id=stops,
                 pad_token_id=TOKENIZER.pad_token_id,
                 output_scores=True,
@@ -340,22 +352,31 @@ def curves(steps: int, seed: int) -> None:
 
 
 def compare_b(rounds: int, seed: int) -> None:
-    got: dict[str, list[float]] = {"steprl engine": [], "HF generate per turn": []}
-    for _ in range(rounds):
-        for name, fn in (
-            ("steprl engine", run_engine_turns),
-            ("HF generate per turn", run_hf_generate_turns),
-        ):
-            dt, n = fn(seed)
-            got[name].append(n / dt)
+    sides: dict[str, Callable[[int, str], tuple[float, int]]] = {
+        "steprl engine": run_engine_turns,
+        "  without continuous batching": lambda s, w: run_engine_turns(s, w, continuous=False),
+        "  without prefix reuse": lambda s, w: run_engine_turns(s, w, reuse=False),
+        "HF generate per turn": run_hf_generate_turns,
+    }
     n_eps = SHAPE.prompts * SHAPE.samples
-    print(
-        f"(b) multi-turn rollout, {n_eps} episodes x {SHAPE.turns} turns, "
-        f"sampled tokens/s (median of {rounds}):"
-    )
-    base = med(got["HF generate per turn"])
-    for name, vals in got.items():
-        print(f"  {name:22s} {med(vals):9.0f} tok/s  (x{med(vals) / base:.2f} of HF generate)")
+    for workload, (_, budget) in WORKLOADS.items():
+        got: dict[str, list[float]] = {k: [] for k in sides}
+        tokens: dict[str, int] = {}
+        for _ in range(rounds):
+            for name, fn in sides.items():
+                dt, n = fn(seed, workload)
+                got[name].append(n / dt)
+                tokens[name] = n
+        print(
+            f"(b) multi-turn rollout, {workload}: {n_eps} episodes x {SHAPE.turns} turns, <= {budget} "
+            f"tokens a turn; sampled tokens/s (median of {rounds}):"
+        )
+        base = med(got["HF generate per turn"])
+        for name, vals in got.items():
+            ratio = med(vals) / base
+            print(
+                f"  {name:30s} {med(vals):7.0f} tok/s  (x{ratio:.2f} of HF generate; {tokens[name]} tokens)"
+            )
 
 
 def main() -> None:
