@@ -123,3 +123,38 @@ def test_learner_update_is_the_same_packed_or_not(tokenizer, small_model, sample
         "actor/grad_norm_max",
     ):
         assert abs(runs[0][key] - runs[1][key]) <= 1e-5 * (1 + abs(runs[0][key])), key
+
+
+def test_one_optimizer_step_needs_no_proximal_pass(tokenizer, small_model, sample_rollouts, monkeypatch):
+    from steprl.algorithms import POLICY_LOSSES
+
+    trajs = sample_rollouts(DropOldObservations(1), engine_seed=5, n_tasks=2, group_size=2)
+    samples = _with_advantages([s for i, t in enumerate(trajs) for s in per_step_view(t, i)])
+    calls = []
+    for mini_batches in (1, 2):
+        learner = Learner(
+            copy.deepcopy(small_model).train(),
+            policy_loss=POLICY_LOSSES["decoupled_ppo"].fn,
+            needs_proximal=True,
+            aggregation="token-mean",
+            loss_scale_factor=None,
+            lr=1e-3,
+            weight_decay=0.0,
+            betas=(0.9, 0.99),
+            grad_clip=1.0,
+            micro_batch_size=64,
+            pad_id=tokenizer.pad_token_id,
+            temperature=1.0,
+            pack=True,
+        )
+
+        def counted(*a, real=learner.logprobs_of, n=mini_batches, **k):
+            calls.append(n)
+            return real(*a, **k)
+
+        monkeypatch.setattr(learner, "logprobs_of", counted)
+        stats = learner.update(samples, epochs=1, mini_batches=mini_batches, generator=torch.Generator())
+        assert torch.isfinite(torch.tensor(stats["actor/pg_loss"]))
+    # one step: the proximal policy is the step's own weights (its log-probs, detached); two
+    # steps: the second needs the weights before the first, so they are computed up front
+    assert calls == [2]
