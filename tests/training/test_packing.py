@@ -25,6 +25,28 @@ def _with_advantages(samples):
     return out
 
 
+def _learner(model, pad_id, loss="ppo_clip", *, pack, lr=1e-2):
+    """A learner over `model` with the plain defaults: only the loss, lr and packing vary here."""
+    from steprl.algorithms import POLICY_LOSSES
+
+    spec = POLICY_LOSSES[loss]
+    return Learner(
+        model,
+        policy_loss=spec.fn,
+        needs_proximal=spec.needs_proximal,
+        aggregation="token-mean",
+        loss_scale_factor=None,
+        lr=lr,
+        weight_decay=0.0,
+        betas=(0.9, 0.99),
+        grad_clip=1.0,
+        micro_batch_size=64,
+        pad_id=pad_id,
+        temperature=1.0,
+        pack=pack,
+    )
+
+
 def _logp_and_grads(model, samples, pad_id, pack_rows):
     model.zero_grad(set_to_none=True)
     b = collate(samples, pad_id, pack=pack_rows)
@@ -88,28 +110,11 @@ def test_learner_update_is_the_same_packed_or_not(tokenizer, small_model, sample
 
     monkeypatch.setattr("steprl.training.batching.PACK_WHEN_NODES_BELOW", 1.01)
 
-    from steprl.algorithms import POLICY_LOSSES
-
     trajs = sample_rollouts(DropOldObservations(1), engine_seed=5, n_tasks=3, group_size=3)
     samples = _with_advantages([s for i, t in enumerate(trajs) for s in per_step_view(t, i)])
     runs = []
     for pack_rows in (False, True):
-        model = copy.deepcopy(small_model).train()
-        learner = Learner(
-            model,
-            policy_loss=POLICY_LOSSES["ppo_clip"].fn,
-            needs_proximal=False,
-            aggregation="token-mean",
-            loss_scale_factor=None,
-            lr=1e-2,
-            weight_decay=0.0,
-            betas=(0.9, 0.99),
-            grad_clip=1.0,
-            micro_batch_size=64,
-            pad_id=tokenizer.pad_token_id,
-            temperature=1.0,
-            pack=pack_rows,
-        )
+        learner = _learner(copy.deepcopy(small_model).train(), tokenizer.pad_token_id, pack=pack_rows)
         stats = learner.update(samples, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(0))
         assert stats["actor/engine_logprob_diff_max"] < 1e-4
         runs.append(stats)
@@ -126,26 +131,12 @@ def test_learner_update_is_the_same_packed_or_not(tokenizer, small_model, sample
 
 
 def test_one_optimizer_step_needs_no_proximal_pass(tokenizer, small_model, sample_rollouts, monkeypatch):
-    from steprl.algorithms import POLICY_LOSSES
-
     trajs = sample_rollouts(DropOldObservations(1), engine_seed=5, n_tasks=2, group_size=2)
     samples = _with_advantages([s for i, t in enumerate(trajs) for s in per_step_view(t, i)])
     calls = []
     for mini_batches in (1, 2):
-        learner = Learner(
-            copy.deepcopy(small_model).train(),
-            policy_loss=POLICY_LOSSES["decoupled_ppo"].fn,
-            needs_proximal=True,
-            aggregation="token-mean",
-            loss_scale_factor=None,
-            lr=1e-3,
-            weight_decay=0.0,
-            betas=(0.9, 0.99),
-            grad_clip=1.0,
-            micro_batch_size=64,
-            pad_id=tokenizer.pad_token_id,
-            temperature=1.0,
-            pack=True,
+        learner = _learner(
+            copy.deepcopy(small_model).train(), tokenizer.pad_token_id, "decoupled_ppo", pack=True, lr=1e-3
         )
 
         def counted(*a, real=learner.logprobs_of, n=mini_batches, **k):
