@@ -5,6 +5,7 @@ log-probs within float rounding of a fresh prefill, and still equal to the learn
 """
 
 import asyncio
+import copy
 from itertools import islice
 
 import torch
@@ -69,8 +70,8 @@ def test_prefix_reuse_keeps_the_rollouts_and_their_logprobs(tokenizer, small_mod
             assert max(gaps, default=0.0) < 1e-5
     # and the learner, recomputing from scratch, still agrees with the engine
     batch = collate([packed_view(t, i) for i, t in enumerate(reused)], tokenizer.pad_token_id)
-    with torch.no_grad():
-        logp, _ = token_logprobs(small_model, batch.input_ids, batch.attention, 1.0)
+    with torch.no_grad():  # on a copy: output_hidden_states installs hooks Ray cannot pickle
+        logp, _ = token_logprobs(copy.deepcopy(small_model), batch.input_ids, batch.attention, 1.0)
     m = batch.loss_mask.bool()
     assert (logp[m] - batch.old_logp[m]).abs().max().item() < 1e-4
 

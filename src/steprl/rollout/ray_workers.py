@@ -19,6 +19,7 @@ current weights and seed, takes its place.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -78,6 +79,8 @@ class RolloutWorker:
         version: int,
         max_batch_size: int,
         torch_threads: int,
+        prefix_cache_bytes: int = 1 << 30,
+        continuous: bool = True,
     ) -> None:
         torch.set_num_threads(torch_threads)
         load_plugins(envs.plugins)
@@ -88,6 +91,8 @@ class RolloutWorker:
             max_batch_size=max_batch_size,
             seed=seed,
             version=version,
+            prefix_cache_bytes=prefix_cache_bytes,
+            continuous=continuous,
         )
         params = dict(envs.params)
         self._backend: RayEnvBackend | None = None
@@ -120,6 +125,23 @@ class RolloutWorker:
 _RolloutWorkerActor = ray.remote(RolloutWorker)
 
 
+def _without_capture_hooks(model: torch.nn.Module) -> torch.nn.Module:
+    """`model`, or a copy without the forward hooks transformers 5 installs the first time a
+    model runs with `output_hidden_states` (the learner's path): they are local functions, which
+    pickle cannot ship to a worker, and transformers installs them again when needed."""
+
+    def capture(hook: Any) -> bool:
+        return "output_capturing_hook" in getattr(hook, "__qualname__", "")
+
+    if not any(capture(h) for m in model.modules() for h in m._forward_hooks.values()):
+        return model
+    clean = copy.deepcopy(model)
+    for m in clean.modules():
+        for key in [k for k, h in m._forward_hooks.items() if capture(h)]:
+            del m._forward_hooks[key]
+    return clean
+
+
 class RayRolloutPool:
     """`num_workers` rollout actors behind a synchronous, in-order `rollout_groups`."""
 
@@ -137,6 +159,8 @@ class RayRolloutPool:
         seed: int,
         version: int = 0,
         max_batch_size: int = 256,
+        prefix_cache_bytes: int = 1 << 30,
+        continuous: bool = True,
         cpus_per_worker: float = 1.0,
         torch_threads: int | None = None,
         rollout_timeout_s: float | None = None,
@@ -156,7 +180,7 @@ class RayRolloutPool:
         self._seed = seed
         self._version = version
         self._weights_ref: Any = None  # the latest synced state dict, to rebuild a dead worker
-        self._model_ref = ray.put(model)
+        self._model_ref = ray.put(_without_capture_hooks(model))
         self._kwargs: dict[str, Any] = {
             "fmt": fmt,
             "pad_token_id": pad_token_id,
@@ -166,6 +190,8 @@ class RayRolloutPool:
             "sampling": sampling,
             "budgets": budgets,
             "max_batch_size": max_batch_size,
+            "prefix_cache_bytes": prefix_cache_bytes,
+            "continuous": continuous,
             "torch_threads": torch_threads or max(1, int(cpus_per_worker)),
         }
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}

@@ -213,6 +213,8 @@ def build(
             budgets=budgets(cfg),
             seed=cfg.run.seed,
             max_batch_size=cfg.rollout.max_batch_size,
+            prefix_cache_bytes=cfg.rollout.prefix_cache_mib << 20,
+            continuous=cfg.rollout.continuous_batching,
             torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
         )
         cleanup.callback(remote.close)

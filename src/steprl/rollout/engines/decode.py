@@ -63,6 +63,12 @@ class RunningBatch:
     def live(self) -> int:
         return sum(not r.done for r in self.rows)
 
+    def steps_left(self) -> int:
+        """At most this many more decode steps before every live row has hit its budget."""
+        return max(
+            (r.request.sampling.max_new_tokens - len(r.tokens) for r in self.rows if not r.done), default=0
+        )
+
     def accepts(self, sp: SamplingParams) -> bool:
         """Rows share one temperature and top-p; joining mid-flight needs a preloadable cache."""
         if not self.rows:

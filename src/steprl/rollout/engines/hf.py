@@ -30,6 +30,10 @@ from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
 from steprl.rollout.engines.prefix_cache import PrefixCache
 from steprl.rollout.engines.sampling import request_uniforms, sample_from_logits
 
+#: Waiting requests join a running batch only if it may still decode more steps than this:
+#: closer to its end, they lose less by waiting than a join (a prefill and a cache copy) costs.
+JOIN_MIN_STEPS = 4
+
 
 class HFEngine:
     """Serves a `transformers` causal LM to many concurrent trajectories."""
@@ -131,8 +135,15 @@ class HFEngine:
             room = self.max_batch_size - batch.live
             joining = [r for r in self._queue if batch.accepts(r.sampling)][:room]
             # a join costs a prefill pass and a copy of the cache: worth it once the waiting
-            # requests are a good share of the batch (or nothing else is decoding)
-            if joining and batch.live and (not self.continuous or len(joining) * 2 < batch.live):
+            # requests are a good share of the batch and the batch may still run a while (or
+            # nothing else is decoding)
+            if (
+                joining
+                and batch.live
+                and not (
+                    self.continuous and len(joining) * 2 >= batch.live and batch.steps_left() > JOIN_MIN_STEPS
+                )
+            ):
                 joining = []
             try:
                 if joining:
