@@ -44,7 +44,7 @@ from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups  # noqa: E
 from steprl.training import env_setup  # noqa: E402
 from steprl.training.build import build  # noqa: E402
 from steprl.training.state import RngState, TaskStream, TrainState  # noqa: E402
-from steprl.training.trainer import run_step  # noqa: E402
+from steprl.training.trainer import run_step, start_pipeline  # noqa: E402
 
 TOKENIZER = build_tokenizer()
 
@@ -99,10 +99,11 @@ def run_steprl(steps: int, seed: int) -> list[tuple[float, float, dict[str, floa
         parts = build(cfg, envs, cleanup, lambda s: None, resuming=False)
         shuffle = torch.Generator().manual_seed(seed)
         state = TrainState(0, parts.engine.version, 0, RngState.capture(shuffle), 0.0)
-        tasks = TaskStream(parts.train_tasks(cfg), 0)
+        pipeline = start_pipeline(cfg, parts, TaskStream(parts.train_tasks(cfg), 0), state, lambda s: None)
+        cleanup.callback(pipeline.close)
         for _ in range(steps):
             t0 = time.perf_counter()
-            state, m, _ = run_step(cfg, parts, tasks, state, shuffle, lambda s: None)
+            state, m, _ = run_step(cfg, parts, pipeline, state, shuffle, lambda s: None)
             times = {k: v for k, v in m.items() if k.startswith("time/")}
             out.append((time.perf_counter() - t0, m["reward/mean"], times))
     return out

@@ -176,6 +176,9 @@ class RolloutSection(_Section):
     # waiting requests join the decoding batch between steps (false: a batch runs to its end)
     continuous_batching: bool = True
     prefix_cache_mib: int = Field(1024, ge=0)  # keys/values kept across turns; 0: re-prefill
+    # asynchronous training: rollouts may run this many policy versions ahead of the learner
+    # (0: synchronous; training/pipeline.py states the rule, docs/async.md what it buys)
+    max_staleness: int = Field(0, ge=0)
 
     @field_validator("system_prompt")
     @classmethod

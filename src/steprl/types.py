@@ -55,8 +55,11 @@ class Step:
     action_logprobs: tuple[float, ...]
     observation_ids: tuple[int, ...]  # env feedback, tokenized once, never trained on
     reward: float  # step reward (sum of the components in info["reward_components"])
-    policy_version: int
+    policy_version: int  # the engine's version when the turn started
     info: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    #: the policy version that sampled each action token; () = all `policy_version`. A partial
+    #: rollout (asynchronous training) gets new weights between decode steps, mid-turn.
+    action_versions: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.action_ids) != len(self.action_logprobs):
@@ -64,6 +67,16 @@ class Step:
                 f"Step has {len(self.action_ids)} action tokens but {len(self.action_logprobs)} "
                 "log-probs; the engine must return one log-prob per sampled token."
             )
+        if self.action_versions and len(self.action_versions) != len(self.action_ids):
+            raise ValueError(
+                f"Step has {len(self.action_ids)} action tokens but {len(self.action_versions)} "
+                "token versions; give one per token or none."
+            )
+
+    @property
+    def token_versions(self) -> tuple[int, ...]:
+        """The policy version of every action token."""
+        return self.action_versions or (self.policy_version,) * len(self.action_ids)
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,11 @@ class Trajectory:
     @property
     def num_observation_tokens(self) -> int:
         return sum(len(s.observation_ids) for s in self.steps)
+
+    @property
+    def token_versions(self) -> tuple[int, ...]:
+        """The policy version of every action token, in order."""
+        return tuple(v for s in self.steps for v in s.token_versions)
 
 
 @dataclass(frozen=True)

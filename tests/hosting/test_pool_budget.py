@@ -25,7 +25,7 @@ from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.training.state import TaskStream
-from steprl.training.step_parts import collect_groups
+from steprl.training.step_parts import SyncSource, collect_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 
 
@@ -167,10 +167,8 @@ def _fake_rollout(fail_frac: float):
 
 def _collect(fail_frac: float, budget: float):
     return collect_groups(
-        TaskStream(iter(_tasks(100))),
+        SyncSource(TaskStream(iter(_tasks(100))), _fake_rollout(fail_frac), 10),
         tasks_per_step=4,
-        group_size=10,
-        rollout=_fake_rollout(fail_frac),
         group_filter=lambda rewards: torch.arange(len(rewards)),
         regenerations=0,
         failure_budget=budget,

@@ -20,7 +20,7 @@ from steprl.envs.registry import ENVS, EnvSpec, get_spec, register
 from steprl.errors import RunAborted
 from steprl.training.learner import Learner
 from steprl.training.state import TaskStream
-from steprl.training.step_parts import collect_groups, valid
+from steprl.training.step_parts import SyncSource, collect_groups, valid
 from steprl.training.trainer import describe_eval, train
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 from tiny_runs import small_config
@@ -131,10 +131,8 @@ def test_num03_nonfinite_rewards_invalidate_the_trajectory_and_a_constant_group_
 
     tasks = TaskStream(iter([Task(f"t{i}", "q", "calculator") for i in range(4)]))
     out = collect_groups(
-        tasks,
+        SyncSource(tasks, rollout, 4),
         tasks_per_step=2,
-        group_size=4,
-        rollout=rollout,
         group_filter=lambda r: torch.arange(len(r)),
         regenerations=0,
     )
@@ -153,10 +151,8 @@ def test_num04_a_batch_with_nothing_trainable_is_skipped_cleanly():
         return [Group(t, (failed,) * group_size) for t in tasks]
 
     out = collect_groups(
-        TaskStream(iter([Task("t", "q", "calculator")] * 4)),
+        SyncSource(TaskStream(iter([Task("t", "q", "calculator")] * 4)), rollout, 3),
         tasks_per_step=2,
-        group_size=3,
-        rollout=rollout,
         group_filter=lambda r: torch.arange(len(r)),
         regenerations=0,
     )

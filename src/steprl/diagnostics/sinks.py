@@ -189,7 +189,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("action_logprobs", pa.list_(pa.list_(pa.float32()))),
         ("observation_ids", pa.list_(_IDS)),
         ("rewards", pa.list_(pa.float64())),  # per-step rewards
-        ("policy_versions", pa.list_(pa.int64())),
+        ("policy_versions", pa.list_(pa.int64())),  # per step: the version when it started
+        ("token_versions", pa.list_(pa.list_(pa.int64()))),  # per step, per action token
         ("info_json", pa.string()),  # Trajectory.info as JSON (non-JSON values via str)
         ("step_info_json", pa.list_(pa.string())),  # each Step.info as JSON
     ]
@@ -248,6 +249,7 @@ class TrajectoryWriter(_ClosingContext):
             columns["observation_ids"].append([list(s.observation_ids) for s in t.steps])
             columns["rewards"].append([float(s.reward) for s in t.steps])
             columns["policy_versions"].append([int(s.policy_version) for s in t.steps])
+            columns["token_versions"].append([list(s.token_versions) for s in t.steps])
             columns["info_json"].append(_to_json(t.info))
             columns["step_info_json"].append([_to_json(s.info) for s in t.steps])
             if self.decode is not None:

@@ -97,6 +97,8 @@ async def run_episode(
                     reward=float(transition.reward),
                     policy_version=version,
                     info={**transition.info, "finish_reason": gen.finish_reason},
+                    # () when one version sampled the whole turn (always, when synchronous)
+                    action_versions=gen.versions if set(gen.versions) - {version} else (),
                 )
             )
             history.append((gen.token_ids, obs_ids, not tool_result))

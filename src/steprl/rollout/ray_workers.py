@@ -3,7 +3,7 @@
 Each worker holds a full copy of the policy (an `HFEngine` on CPU), the prompt format (with its
 tokenizer) and the context rule, all pickled into the actor once at start. It runs the ordinary
 `steprl.rollout.loop.rollout_groups` on a contiguous share of the tasks, exactly as the trainer
-does in-process (`asyncio.run` on a fresh loop). Hence with ONE worker the groups are
+does in-process (on the actor's event loop). Hence with ONE worker the groups are
 bit-identical to in-process rollouts with the same engine seed, weights and torch thread count
 (tested). With N workers, each share is rolled out with `first_index` = its first task's
 position, so group ids and per-episode sampling seeds are those of one process rolling out the
@@ -18,7 +18,6 @@ current weights and seed, takes its place.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 import time
@@ -62,7 +61,9 @@ class WorkerEnvs:
 
 
 class RolloutWorker:
-    """One rollout actor: engine + env source + the agent loop. Calls run in submission order."""
+    """One rollout actor: engine + env source + the agent loop. An async actor: every call runs
+    on the actor's one event loop, so many `rollout` calls decode together in its engine and an
+    `update_weights` lands between two decode steps of the rollouts in flight."""
 
     def __init__(
         self,
@@ -109,16 +110,28 @@ class RolloutWorker:
             make_env = self._backend.make_env
         self.setup = RolloutSetup(make_env, self.engine, fmt, rule, sampling, budgets)
 
-    def rollout(self, tasks: Sequence[Task], group_size: int, seed: int, first_index: int) -> list[Group]:
-        return asyncio.run(rollout_groups(tasks, group_size, self.setup, seed=seed, first_index=first_index))
+    async def rollout(
+        self, tasks: Sequence[Task], group_size: int, seed: int, first_index: int
+    ) -> list[Group]:
+        return await rollout_groups(tasks, group_size, self.setup, seed=seed, first_index=first_index)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
+    async def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int
+    ) -> bool:
+        """Apply `version` unless this worker already holds a newer one (checked on arrival:
+        a late message never rolls the weights back). True if applied."""
+        if version < self.engine.version:
+            return False
         self.engine.update_weights(state_dict, version)
+        return True
 
-    def reseed(self, seed: int) -> None:
+    async def version(self) -> int:
+        return self.engine.version
+
+    async def reseed(self, seed: int) -> None:
         self.engine.reseed(seed)
 
-    def pid(self) -> int:
+    async def pid(self) -> int:
         return os.getpid()
 
 
@@ -237,6 +250,19 @@ class RayRolloutPool:
                 ]
                 self._replace(k, type(exc).__name__)
         return groups
+
+    def start_group(self, task: Task, group_size: int, *, seed: int, index: int) -> tuple[Any, Any]:
+        """Start one group on a worker (round robin by stream index, so a run's groups spread
+        the same way each time): ((slot, actor), the ObjectRef of its `[Group]`)."""
+        slot = index % self.num_workers
+        worker = self._workers[slot]
+        return (slot, worker), worker.rollout.remote([task], group_size, seed, index)
+
+    def replace_dead(self, worker: tuple[int, Any], why: str) -> None:
+        """Replace the worker of a failed call, once (its other calls fail with it)."""
+        slot, actor = worker
+        if self._workers[slot] is actor:
+            self._replace(slot, why)
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
         """Push new weights to every worker (serialised once with `ray.put`). With LoRA, an

@@ -35,7 +35,6 @@ from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
-from steprl.training.step_parts import RolloutFn, local_rollout, remote_rollout
 from steprl.types import Task, Trajectory
 
 ToSamples = Callable[[Trajectory, int], list[Sample]]
@@ -54,8 +53,7 @@ class Parts:
     learner: Learner
     critic: SeparateCritic | SharedCritic | None
     ref_model: torch.nn.Module | None  # the KL reference (LoRA: the base, adapters off)
-    setup: RolloutSetup
-    rollout: RolloutFn
+    setup: RolloutSetup  # in-process rollouts (training/producers.py runs them on a thread)
     advantage_fn: Callable[..., Any]
     group_filter: Callable[..., torch.Tensor]
     env_spec: EnvSpec
@@ -190,7 +188,6 @@ def build(
             pad_id=policy.tokenizer.pad_token_id,
         )
     setup = RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
-    rollout = local_rollout(setup, cfg.run.seed)
     remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
     if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
         from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
@@ -220,7 +217,6 @@ def build(
         cleanup.callback(remote.close)
         if is_peft(policy.model):
             remote.sync_weights(learner.state_dict_for_engine(), version=engine.version)
-        rollout = remote_rollout(remote, cfg.run.seed)
         log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
     return Parts(
         policy=policy,
@@ -233,7 +229,6 @@ def build(
         critic=critic,
         ref_model=ref_model,
         setup=setup,
-        rollout=rollout,
         advantage_fn=functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params),
         group_filter=functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params),
         env_spec=spec,

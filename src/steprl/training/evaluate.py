@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from steprl.diagnostics import rollout_metrics
 from steprl.rollout.loop import RolloutSetup, rollout_groups
-from steprl.types import Task, Trajectory
+from steprl.types import Group, Task, Trajectory
 
 
 def evaluate(
-    tasks: Sequence[Task], setup: RolloutSetup, *, seed: int
+    tasks: Sequence[Task],
+    setup: RolloutSetup,
+    *,
+    seed: int,
+    run: Callable[[Coroutine[Any, Any, list[Group]]], list[Group]] = asyncio.run,
 ) -> tuple[dict[str, float], list[Trajectory]]:
-    """Return `eval/*` metrics (success, tool-call rate, calls per success, turns) and the rollouts."""
-    groups = asyncio.run(rollout_groups(tasks, 1, setup, seed=seed))
+    """Return `eval/*` metrics (success, tool-call rate, calls per success, turns) and the rollouts.
+    `run` runs the rollouts where the engine lives (the trainer's rollout thread, when training)."""
+    groups = run(rollout_groups(tasks, 1, setup, seed=seed))
     trajs = [t for g in groups for t in g.trajectories]
     m = rollout_metrics(trajs)
     return {

@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,9 @@ class TrainState:
     env_ids: dict[str, int] = field(default_factory=dict)  # env name -> index (per-env estimators)
     nonfinite_streak: int = 0  # consecutive steps with a skipped (non-finite) optimizer step
     failed_streak: int = 0  # consecutive steps over runtime.failure_budget
+    #: asynchronous training: tasks admitted but not trained yet (in flight or queued), by
+    #: stream position; a resumed run re-issues them first (training/pipeline.py)
+    pending: tuple[tuple[int, Task], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,7 @@ class TrainState:
             "env_ids": dict(self.env_ids),
             "nonfinite_streak": self.nonfinite_streak,
             "failed_streak": self.failed_streak,
+            "pending": [(i, _task_dict(t)) for i, t in self.pending],
         }
 
     @staticmethod
@@ -105,4 +110,20 @@ class TrainState:
             env_ids=dict(d["env_ids"]),
             nonfinite_streak=int(d.get("nonfinite_streak", 0)),
             failed_streak=int(d.get("failed_streak", 0)),
+            pending=tuple(
+                (int(i), Task(**{**t, "params": MappingProxyType(t["params"])}))
+                for i, t in d.get("pending", [])
+            ),
         )
+
+
+def _task_dict(t: Task) -> dict[str, Any]:
+    """A task as plain data (its params are a read-only mapping, which pickle cannot write)."""
+    return {
+        "id": t.id,
+        "prompt": t.prompt,
+        "env": t.env,
+        "seed": t.seed,
+        "answer": t.answer,
+        "params": dict(t.params),
+    }

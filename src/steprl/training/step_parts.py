@@ -20,10 +20,16 @@ from steprl.training.state import TaskStream
 from steprl.types import Group, Task, Trajectory
 
 #: (tasks, group_size, first_index) -> one Group per task; `first_index` is the stream position
-#: of `tasks[0]`, which keys the episode seeds (`rollout/seeds.py`). In-process:
-#: `asyncio.run(rollout_groups(...))`; Ray: `RayRolloutPool.rollout_groups`. The trainer does not
-#: care which.
+#: of `tasks[0]`, which keys the episode seeds (`rollout/seeds.py`).
 RolloutFn = Callable[[Sequence[Task], int, int], list[Group]]
+
+
+class GroupSource(Protocol):
+    """Where a step's groups come from: the trainer's `pipeline.Pipeline`, or `SyncSource`."""
+
+    def take(self, n: int) -> list[Group]:
+        """`n` finished groups (fewer only if the task stream ran out), in stream order."""
+        ...
 
 
 def local_rollout(setup: RolloutSetup, seed: int) -> RolloutFn:
@@ -35,19 +41,18 @@ def local_rollout(setup: RolloutSetup, seed: int) -> RolloutFn:
     return run
 
 
-class RemoteRollouts(Protocol):
-    """Rollouts that run elsewhere (e.g. `steprl.rollout.ray_workers.RayRolloutPool`)."""
+@dataclass
+class SyncSource:
+    """The next `n` tasks of the stream, rolled out by `rollout` while the caller waits: the
+    plainest source (tests, and the reference the pipeline at staleness 0 is checked against)."""
 
-    def rollout_groups(
-        self, tasks: Sequence[Task], group_size: int, *, seed: int, first_index: int = 0
-    ) -> list[Group]: ...
+    tasks: TaskStream
+    rollout: RolloutFn
+    group_size: int
 
-
-def remote_rollout(pool: RemoteRollouts, seed: int) -> RolloutFn:
-    def run(tasks: Sequence[Task], group_size: int, first_index: int) -> list[Group]:
-        return pool.rollout_groups(tasks, group_size, seed=seed, first_index=first_index)
-
-    return run
+    def take(self, n: int) -> list[Group]:
+        first, batch = self.tasks.take(n)
+        return self.rollout(batch, self.group_size, first) if batch else []
 
 
 def valid(t: Trajectory) -> bool:
@@ -69,11 +74,9 @@ class CollectedGroups:
 
 
 def collect_groups(
-    tasks: TaskStream,
+    source: GroupSource,
     *,
     tasks_per_step: int,
-    group_size: int,
-    rollout: RolloutFn,
     group_filter: Callable[..., torch.Tensor],
     regenerations: int,
     failure_budget: float = 1.0,
@@ -91,8 +94,7 @@ def collect_groups(
     rounds = 0
     over_budget = 0
     while True:
-        first, batch = tasks.take(tasks_per_step)
-        groups = rollout(batch, group_size, first)
+        groups = source.take(tasks_per_step)
         round_trajs = [t for g in groups for t in g.trajectories]
         rollouts += round_trajs
         groups_in += len(groups)

@@ -1,10 +1,12 @@
-"""The synchronous trainer. Reads top to bottom:
+"""The trainer. Reads top to bottom:
 
 prepare the run directory (fresh, resumed or refused) -> build the parts -> restore a checkpoint
--> per step: collect groups -> make the batch -> update -> push weights (version + 1) -> metrics,
-trajectories, evaluation, checkpoint -> final checkpoint and curve.
+-> start the rollout pipeline -> per step: take groups -> make the batch -> update -> publish
+weights (version + 1) -> metrics, trajectories, evaluation, checkpoint -> final checkpoint, curve.
 
-Synchronous training is the staleness-0 case: rollouts always come from the current weights.
+Rollouts run in a producer (a background thread, or Ray rollout workers) while the learner
+trains, up to `rollout.max_staleness` policy versions ahead (`training/pipeline.py`). Synchronous
+training is staleness 0 on the same path: each step's rollouts run on the current weights.
 A run stops early, keeping what it finished, on SIGINT/SIGTERM (after the current step, with a
 checkpoint), on `trainer.max_nonfinite_skips` steps in a row whose update was skipped as
 non-finite, and on `runtime.max_failed_steps` steps in a row over the failure budget.
@@ -44,6 +46,8 @@ from steprl.rollout import seeds
 from steprl.training import env_setup, resume
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.evaluate import evaluate
+from steprl.training.pipeline import Pipeline
+from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.state import RngState, TaskStream, TrainState
 from steprl.training.step_batch import StepBatch, make_batch
 from steprl.training.step_parts import CollectedGroups, collect_groups
@@ -99,6 +103,8 @@ def _train(
     else:
         state = TrainState(0, parts.engine.version, 0, RngState.capture(shuffle_rng), cfg.algorithm.kl_coef)
     tasks = TaskStream(parts.train_tasks(cfg), state.task_cursor)
+    pipeline = start_pipeline(cfg, parts, tasks, state, log)
+    cleanup.callback(pipeline.close)
     metrics_sink = cleanup.enter_context(_open_sinks(cfg, run_dir, state.step))
     traj_writer = (
         cleanup.enter_context(TrajectoryWriter(run_dir / "trajectories", decode=parts.fmt.decode))
@@ -111,7 +117,8 @@ def _train(
     held_out = eval_setup(parts)
 
     def run_eval(step: int) -> dict[str, float]:
-        return evaluate(parts.eval_tasks, held_out, seed=seeds.eval_stream_seed(cfg.run.seed, step))[0]
+        seed = seeds.eval_stream_seed(cfg.run.seed, step)
+        return evaluate(parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run)[0]
 
     stop = cleanup.enter_context(_StopOnSignal())  # from here on, a signal ends with a checkpoint
     if state.step == 0:
@@ -128,7 +135,7 @@ def _train(
     # ---- the RL loop ------------------------------------------------------------------------
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
         while state.step < cfg.trainer.total_steps and not stop.signal:
-            state, metrics, trajectories = run_step(cfg, parts, tasks, state, shuffle_rng, log)
+            state, metrics, trajectories = run_step(cfg, parts, pipeline, state, shuffle_rng, log)
             step = state.step
             every = cfg.trainer.eval_every
             if step == cfg.trainer.total_steps or (every and step % every == 0):
@@ -157,23 +164,49 @@ def _train(
     return TrainResult(run_dir, warm, last_eval, history)
 
 
+def start_pipeline(
+    cfg: Config, parts: Parts, tasks: TaskStream, state: TrainState, log: Callable[[str], None]
+) -> Pipeline:
+    """Rollouts in a background thread, or on the Ray rollout workers; resumed pending tasks first."""
+    group_size, seed, k = cfg.rollout.group_size, cfg.run.seed, cfg.rollout.max_staleness
+    producer = (
+        RayProducer(parts.remote, parts.engine, group_size=group_size, seed=seed)
+        if parts.remote is not None
+        else LocalProducer(parts.setup, parts.engine, group_size=group_size, seed=seed)
+    )
+    if k:
+        m = cfg.trainer.epochs * cfg.trainer.mini_batches
+        log(
+            f"asynchronous: rollouts up to {k} policy versions ahead (rollout.max_staleness); with {m} "
+            f"optimizer steps per RL step a sample is at most {(k + 1) * m - 1} optimizer steps old"
+        )
+    if state.pending:
+        log(f"re-issuing {len(state.pending)} groups that were in flight or queued at the checkpoint")
+    return Pipeline(
+        tasks,
+        producer,
+        tasks_per_step=cfg.rollout.tasks_per_step,
+        max_staleness=k,
+        version=state.policy_version,
+        pending=state.pending,
+    )
+
+
 def run_step(
     cfg: Config,
     parts: Parts,
-    tasks: TaskStream,
+    pipeline: Pipeline,
     state: TrainState,
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
 ) -> tuple[TrainState, dict[str, float], list[Trajectory]]:
-    """One RL step: roll out and filter groups, make the batch, update, push the weights."""
+    """One RL step: take and filter groups, make the batch, update, publish the weights."""
     t0 = time.perf_counter()
     step = state.step + 1
     algo = cfg.algorithm
     collected = collect_groups(
-        tasks,
+        pipeline,
         tasks_per_step=cfg.rollout.tasks_per_step,
-        group_size=cfg.rollout.group_size,
-        rollout=parts.rollout,
         group_filter=parts.group_filter,
         regenerations=algo.filter_regenerations,
         failure_budget=cfg.runtime.failure_budget,
@@ -205,22 +238,27 @@ def run_step(
         )
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
     if batch.rows:
-        parts.push_weights(version)
+        pipeline.publish(parts.learner.state_dict_for_engine(), version)
     skipped = stats.get("actor/nonfinite_skips", 0.0) + stats.get("critic/nonfinite_skips", 0.0)
     over_budget = bool(collected.metrics["infra/over_budget_rounds"])
     state = TrainState(
         step=step,
         policy_version=version,
-        task_cursor=tasks.cursor,
+        task_cursor=pipeline.tasks.cursor,
         rng=RngState.capture(shuffle_rng),
         kl_beta=batch.kl_beta,
         env_ids=env_ids,
         nonfinite_streak=state.nonfinite_streak + 1 if skipped else 0,
         failed_streak=state.failed_streak + 1 if over_budget else 0,
+        pending=tuple(pipeline.pending()),
     )
     t_learn = time.perf_counter() - t0 - t_rollout
-    times = {"time/rollout_s": t_rollout, "time/learn_s": t_learn, "time/step_s": time.perf_counter() - t0}
-    return state, step_metrics(collected, batch, stats, version) | times, collected.rollouts
+    t_step = time.perf_counter() - t0
+    times = {"time/rollout_s": t_rollout, "time/learn_s": t_learn, "time/step_s": t_step}
+    # the learner waits only while it takes groups
+    flow = pipeline.take_metrics(cfg.trainer.epochs * cfg.trainer.mini_batches)
+    flow["time/learner_idle_share"] = t_rollout / max(t_step, 1e-9)
+    return state, step_metrics(collected, batch, stats, version) | times | flow, collected.rollouts
 
 
 def step_metrics(
@@ -325,4 +363,4 @@ class _StopOnSignal:
             signal.signal(s, handler)  # type: ignore[arg-type]
 
 
-__all__ = ["TrainResult", "describe_eval", "run_step", "train"]
+__all__ = ["TrainResult", "describe_eval", "run_step", "start_pipeline", "train"]

@@ -30,6 +30,9 @@ class Generation:
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]  # one per token in token_ids
     finish_reason: FinishReason  # "stop": stop token or EOS; "length": max_new_tokens reached
+    #: the policy version that sampled each token (weights may change between decode steps);
+    #: () from engines whose weights never change mid-generation
+    versions: tuple[int, ...] = ()
 
 
 class Engine(Protocol):

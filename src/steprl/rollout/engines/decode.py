@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from steprl.rollout.engines.base import Generation, SamplingParams
+from steprl.rollout.engines.base import FinishReason, Generation, SamplingParams
 from steprl.rollout.engines.kv_cache import GrowingLayer, engine_cache, preloadable
 from steprl.rollout.engines.prefix_cache import PrefixCache
 from steprl.rollout.engines.sampling import ends_with_any, request_uniforms, sample_from_logits
@@ -43,6 +43,7 @@ class _Row:
     stops: frozenset[int]
     tokens: list[int] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version of each token
     done: bool = False  # finished (its caller has its generation); removed at the next compaction
 
 
@@ -126,14 +127,17 @@ class RunningBatch:
             uniforms[unseeded] = torch.rand(len(unseeded), generator=e.generator, dtype=torch.float64)
         tokens, logps = sample_from_logits(self.logits, sp.temperature, sp.top_p, uniforms)
         done: list[tuple[Request, Generation]] = []
+        version = e.version  # weights change between decode steps only (`HFEngine.update_weights`)
         for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist(), strict=True)):
             if row.done:
                 continue
             row.tokens.append(tok)
             row.logps.append(lp)
+            row.versions.append(version)
             stop = tok in row.stops or ends_with_any(row.tokens, row.request.sampling.stop_sequences)
             if stop or len(row.tokens) >= row.request.sampling.max_new_tokens:
-                gen = Generation(tuple(row.tokens), tuple(row.logps), "stop" if stop else "length")
+                reason: FinishReason = "stop" if stop else "length"
+                gen = Generation(tuple(row.tokens), tuple(row.logps), reason, tuple(row.versions))
                 done.append((row.request, gen))
                 self._keep_prefix(i, row)
                 row.done = True

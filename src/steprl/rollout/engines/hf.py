@@ -85,7 +85,10 @@ class HFEngine:
         self.generator.manual_seed(seed)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
-        """Load new policy weights in place and bump the policy version.
+        """Load new policy weights in place and bump the policy version. Call it on the
+        engine's event loop (or while it is idle): the scheduler yields between decode steps, so
+        rows in flight keep decoding with the new weights (a partial rollout; every token
+        records its version) over the keys and values the old ones computed.
 
         A full state dict replaces the weights (shapes must match). An `AdapterUpdate` (LoRA)
         merges the adapters into this plain copy: W = W0 + scaling * B @ A, from the base
@@ -160,9 +163,11 @@ class HFEngine:
             for request, generation in finished:
                 if not request.future.done():
                     request.future.set_result(generation)
-            if finished:  # their episodes step their envs and may ask again: let them join now
-                for _ in range(3):
-                    await asyncio.sleep(0)
+            # finished rows: their episodes step their envs and may ask again, let them join now;
+            # otherwise one yield, so that a weight update from the trainer (asynchronous
+            # training) lands between two decode steps, never inside a forward pass
+            for _ in range(3 if finished else 1):
+                await asyncio.sleep(0)
 
     @torch.no_grad()
     def _generate_batch(

@@ -1,0 +1,249 @@
+"""The rollout pipeline: producers run episodes from the task stream while the learner trains.
+
+    task stream ──admit──▶ producer (engine + envs, in a thread or on Ray workers) ──▶ finished
+    groups (a bounded queue) ──take──▶ learner ──publish(version)──▶ producer's engines
+
+Versions and staleness (`rollout.max_staleness` = k, counted in policy versions):
+
+- The policy version is the number of weight publications: one per trained RL step, however many
+  optimizer steps (`trainer.epochs` x `trainer.mini_batches` = m) that step takes. So a sample
+  trained at staleness s is up to s*m + m-1 optimizer steps old; `staleness/optimizer_steps_max`
+  reports that bound for each step, and decoupled PPO's proximal policy (the weights at the start
+  of the step) is what absorbs it.
+- A token's version is that of the weights that sampled it (weights change between decode steps,
+  so one turn may span versions: a partial rollout). A trajectory's staleness when trained at
+  version v is v - (its oldest token's version).
+- Admission control (AReaL's rule): each time the learner asks for a step's groups, the producer
+  may hold up to (k+1) x `tasks_per_step` groups in flight or finished. A group admitted at version
+  u is then at most k steps behind if groups are consumed in order.
+- Eviction when consumed: the learner takes the oldest finished groups first; one whose staleness
+  is over k (it was overtaken while its episodes ran) is dropped, counted, and its task re-queued
+  first, to run again on the current weights. No task is lost or trained twice.
+- k = 0 is synchronous training on this same path: the window opens only when the learner asks,
+  so the step's tasks all run on the current weights while the learner waits, exactly as before.
+
+What is in flight or queued at a checkpoint is `pending()`: those tasks are saved in `TrainState`
+and re-issued first on resume, with their own stream positions (so their episode seeds).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from steprl.rollout.engines.lora_merge import AdapterUpdate
+from steprl.training.state import TaskStream
+from steprl.types import Group, Task
+
+T = TypeVar("T")
+Weights = Mapping[str, torch.Tensor] | AdapterUpdate
+#: (stream index, finished group): how a producer hands a group back (from any thread)
+Done = Callable[[int, Group], None]
+
+
+class Producer(Protocol):
+    """Runs groups of episodes somewhere, continuously, and takes new weights between decode steps."""
+
+    def start(self, index: int, task: Task, done: Done) -> None:
+        """Begin `group_size` episodes of `task` (stream position `index`); call `done` once."""
+        ...
+
+    def publish(self, weights: Weights, version: int) -> None:
+        """New weights for every engine copy; episodes in flight continue on them."""
+        ...
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` where the in-process engine lives (evaluation)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Finished:
+    index: int  # stream position of the task
+    group: Group
+    admitted: int  # the policy version when the group was admitted
+
+    @property
+    def oldest(self) -> int:
+        """The version of the group's oldest sampled token (its admission version if none)."""
+        return min((v for t in self.group.trajectories for v in t.token_versions), default=self.admitted)
+
+
+@dataclass
+class _Counters:
+    """What happened since the learner's previous take (reset by `take_metrics`)."""
+
+    evicted: int = 0
+    admitted: int = 0
+    version_errors: int = 0
+    producer_idle_s: float = 0.0
+    since: float = 0.0
+
+
+class Pipeline:
+    """Admission, the queue of finished groups, eviction, weight publication, pending work."""
+
+    def __init__(
+        self,
+        tasks: TaskStream,
+        producer: Producer,
+        *,
+        tasks_per_step: int,
+        max_staleness: int,
+        version: int,
+        pending: Sequence[tuple[int, Task]] = (),
+    ) -> None:
+        self.tasks = tasks
+        self.producer = producer
+        self.max_staleness = max_staleness
+        self.window = (max_staleness + 1) * tasks_per_step  # the bound on the queue + in flight
+        self.version = version
+        self._cv = threading.Condition()
+        self._in_flight: dict[int, tuple[Task, int]] = {}  # index -> (task, admission version)
+        self._finished: list[Finished] = []
+        self._requeue: list[tuple[int, Task]] = sorted(pending, key=lambda p: p[0])  # re-issued first
+        self._stream_done = False
+        now = time.perf_counter()
+        self._idle_since: float | None = now
+        self._counters = _Counters(since=now)
+        self.taken: list[Finished] = []  # the groups of the latest step (staleness metrics)
+        self._taken_at = version
+
+    # ---- the learner's side -------------------------------------------------------------------
+
+    def take(self, n: int) -> list[Group]:
+        """`n` finished groups (fewer only if the task stream ran out), oldest first by the
+        version of their oldest token, returned in stream order. Opens the admission window
+        first, so at k = 0 this is exactly a synchronous rollout of the next `n` tasks."""
+        picked: list[Finished] = []
+        with self._cv:
+            self._top_up()
+            while len(picked) < n:
+                self._finished.sort(key=lambda f: (f.oldest, f.index))
+                while self._finished and len(picked) < n:
+                    f = self._finished.pop(0)
+                    if self.version - f.oldest > self.max_staleness or not self._versions_ok(f):
+                        self._counters.evicted += 1  # overtaken while it ran: run it again
+                        bisect.insort(self._requeue, (f.index, f.group.task), key=lambda p: p[0])
+                        self._top_up()
+                    else:
+                        picked.append(f)
+                if len(picked) >= n or not (self._in_flight or self._finished or self._requeue):
+                    break  # done, or the stream ran out with nothing left to wait for
+                self._cv.wait()
+        picked.sort(key=lambda f: f.index)
+        self.taken += picked
+        self._taken_at = self.version  # the weights these groups are trained from
+        return [f.group for f in picked]
+
+    def publish(self, weights: Weights, version: int) -> None:
+        """The learner's new weights to every engine as `version`."""
+        self.producer.publish(weights, version)
+        with self._cv:
+            self.version = version
+
+    def pending(self) -> list[tuple[int, Task]]:
+        """Tasks admitted but not yet trained (in flight, queued or re-queued), in stream order."""
+        with self._cv:
+            items = [(i, t) for i, (t, _) in self._in_flight.items()]
+            items += [(f.index, f.group.task) for f in self._finished] + self._requeue
+        return sorted(items, key=lambda p: p[0])
+
+    def depth(self) -> tuple[int, int]:
+        """(finished groups queued, groups in flight) now."""
+        with self._cv:
+            return len(self._finished), len(self._in_flight)
+
+    def take_metrics(self, optimizer_steps: int) -> dict[str, float]:
+        """Staleness, queue and idle metrics of the step just taken (`taken`), then reset."""
+        with self._cv:
+            now = time.perf_counter()
+            c = self._counters
+            idle = c.producer_idle_s + (now - self._idle_since if self._idle_since is not None else 0.0)
+            self._idle_since = now if self._idle_since is not None else None
+            self._counters = _Counters(since=now)
+            queued, in_flight = len(self._finished), len(self._in_flight)
+        out = staleness_metrics(self.taken, self._taken_at, self.max_staleness, optimizer_steps)
+        self.taken = []
+        return out | {
+            "async/queue_depth": float(queued),
+            "async/in_flight": float(in_flight),
+            "async/admitted_groups": float(c.admitted),
+            "async/evicted_groups": float(c.evicted),  # each one's task was re-queued
+            "async/version_errors": float(c.version_errors),
+            "time/producer_idle_share": idle / max(now - c.since, 1e-9),
+        }
+
+    # ---- the producer's side ------------------------------------------------------------------
+
+    def _done(self, index: int, group: Group) -> None:
+        with self._cv:
+            _, admitted = self._in_flight.pop(index)
+            self._finished.append(Finished(index, group, admitted))
+            if not self._in_flight:
+                self._idle_since = time.perf_counter()
+            self._cv.notify_all()
+
+    def _top_up(self) -> None:
+        """Admit tasks (re-queued ones first) while fewer than `window` are in flight or queued."""
+        while len(self._in_flight) + len(self._finished) < self.window:
+            if self._requeue:
+                index, task = self._requeue.pop(0)
+            else:
+                first, got = self.tasks.take(1) if not self._stream_done else (0, [])
+                if not got:
+                    self._stream_done = True
+                    return
+                index, task = first, got[0]
+            if self._idle_since is not None:
+                self._counters.producer_idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            self._in_flight[index] = (task, self.version)
+            self._counters.admitted += 1
+            self.producer.start(index, task, self._done)
+
+    def _versions_ok(self, f: Finished) -> bool:
+        """Every token of a returned group was sampled by a version published since its admission
+        (a worker that missed an update, or reports one it never got, is caught here)."""
+        versions = [v for t in f.group.trajectories for v in t.token_versions]
+        ok = all(f.admitted <= v <= self.version for v in versions)
+        if not ok:
+            self._counters.version_errors += 1
+        return ok
+
+    def close(self) -> None:
+        self.producer.close()
+
+
+def staleness_metrics(
+    taken: Sequence[Finished], version: int, max_staleness: int, optimizer_steps: int
+) -> dict[str, float]:
+    """Histograms (fractions per staleness 0..k) at trajectory and token level, their means, the
+    versions a trajectory spans, and the optimizer-step bound of the oldest sample."""
+    traj, tokens, spans = [], [], []
+    for f in taken:
+        for t in f.group.trajectories:
+            versions = t.token_versions or (f.admitted,)
+            traj.append(version - min(versions))
+            tokens += [version - v for v in t.token_versions]
+            spans.append(max(versions) - min(versions) + 1)
+    out: dict[str, float] = {}
+    for name, values in (("traj", traj), ("token", tokens)):
+        n = max(len(values), 1)
+        for s in range(max_staleness + 1):
+            out[f"staleness/{name}_{s}"] = sum(v == s for v in values) / n
+        out[f"staleness/{name}_mean"] = sum(values) / n
+    worst = max(traj, default=0)
+    out["staleness/traj_max"] = float(worst)
+    out["staleness/optimizer_steps_max"] = float(worst * optimizer_steps + optimizer_steps - 1)
+    out["async/versions_spanned_mean"] = sum(spans) / max(len(spans), 1)
+    out["async/versions_spanned_max"] = float(max(spans, default=0))
+    return out

@@ -1,0 +1,140 @@
+"""Where a pipeline's episodes run (`pipeline.Producer`): in this process, or on Ray rollout workers.
+
+`LocalProducer` runs one asyncio loop in a background thread: the in-process engine's scheduler
+and every episode live there, so rollouts go on while the learner trains in the main thread
+(torch releases the GIL in its kernels). New weights are applied *on* that loop, which the
+engine's scheduler yields to between decode steps: never inside a forward pass.
+
+`RayProducer` sends each group to the least-loaded `RolloutWorker` actor (an async actor, so
+one worker runs many groups at once and takes weight updates while they decode) and collects
+finished groups in a waiter thread. Weights go out once per version (`ray.put`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from steprl.rollout import seeds
+from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.loop import RolloutSetup, rollout_groups
+from steprl.training.pipeline import Done, Weights
+from steprl.types import EndReason, Group, Task, Trajectory
+
+T = TypeVar("T")
+
+
+def failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -> Group:
+    """A group whose episodes never finished (a crashed producer): `infra_failed`, counted."""
+    gid = seeds.group_id(seed, index)
+    failed = Trajectory(task.id, gid, task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why})
+    return Group(task, (failed,) * group_size)
+
+
+class LocalProducer:
+    """The agent loop on a background event loop, with the trainer's engine and env pool."""
+
+    def __init__(self, setup: RolloutSetup, engine: HFEngine, *, group_size: int, seed: int) -> None:
+        self.setup, self.engine, self.group_size, self.seed = setup, engine, group_size, seed
+        self._loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="steprl-rollouts", daemon=True)
+        self._thread.start()
+
+    def start(self, index: int, task: Task, done: Done) -> None:
+        async def one() -> None:
+            try:
+                groups = await rollout_groups(
+                    [task], self.group_size, self.setup, seed=self.seed, first_index=index
+                )
+                group = groups[0]
+            except Exception as exc:  # rollout_groups catches env errors; this is a bug guard
+                group = failed_group(task, index, self.group_size, self.seed, f"{type(exc).__name__}: {exc}")
+            done(index, group)
+
+        def schedule() -> None:  # on the loop: tasks start in the order they were admitted
+            t = self._loop.create_task(one())
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+        self._loop.call_soon_threadsafe(schedule)
+
+    def publish(self, weights: Weights, version: int) -> None:
+        async def apply() -> None:
+            self.engine.update_weights(weights, version=version)
+
+        self.run(apply())
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        """Cancel what is in flight (the pending tasks are in the checkpoint) and stop the loop."""
+        if not self._loop.is_running():
+            return
+
+        async def cancel() -> None:
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+
+
+class RayProducer:
+    """Groups on Ray rollout workers (`steprl.rollout.ray_workers.RayRolloutPool`)."""
+
+    def __init__(self, pool: Any, engine: HFEngine, *, group_size: int, seed: int) -> None:
+        self.pool, self.engine, self.group_size, self.seed = pool, engine, group_size, seed
+        self._lock = threading.Lock()
+        self._refs: dict[Any, tuple[int, Task, Any, Done]] = {}  # ref -> (index, task, worker, done)
+        self._stop = threading.Event()
+        self._waiter = threading.Thread(target=self._wait, name="steprl-ray-rollouts", daemon=True)
+        self._waiter.start()
+
+    def start(self, index: int, task: Task, done: Done) -> None:
+        with self._lock:
+            worker, ref = self.pool.start_group(task, self.group_size, seed=self.seed, index=index)
+            # `worker`: (slot, actor), to replace that actor once if it died
+            self._refs[ref] = (index, task, worker, done)
+
+    def publish(self, weights: Weights, version: int) -> None:
+        self.engine.update_weights(weights, version=version)  # the trainer's copy: evaluation
+        self.pool.sync_weights(weights, version=version)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run(coro)  # evaluation runs on the trainer's own engine
+
+    def _wait(self) -> None:
+        import ray
+
+        while not self._stop.is_set():
+            with self._lock:
+                refs = list(self._refs)
+            if not refs:
+                self._stop.wait(0.01)
+                continue
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.1)
+            for ref in ready:
+                with self._lock:
+                    index, task, worker, done = self._refs.pop(ref)
+                try:
+                    group = ray.get(ref)[0]
+                except Exception as exc:  # a dead worker: its groups fail, a fresh one replaces it
+                    why = f"rollout worker {worker[0]} failed: {type(exc).__name__}"
+                    group = failed_group(task, index, self.group_size, self.seed, why)
+                    self.pool.replace_dead(worker, type(exc).__name__)
+                done(index, group)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._waiter.join(timeout=30)
+
+
+__all__ = ["LocalProducer", "RayProducer", "failed_group"]
