@@ -73,7 +73,7 @@ class EnvParamsError(EnvLoadError):
 
 def _builtin_specs() -> dict[str, EnvSpec]:
     """The one explicit list of built-in environments."""
-    from steprl.envs.library import apps, calculator, code_interpreter, echo, puzzles, search
+    from steprl.envs.library import apps, calculator, code_interpreter, echo, latency, puzzles, search
 
     return {
         "calculator": EnvSpec(
@@ -83,6 +83,15 @@ def _builtin_specs() -> dict[str, EnvSpec]:
             strategies=calculator.STRATEGIES,
             max_turns=8,
             description="multi-turn integer arithmetic with a one-operation calc tool",
+        ),
+        # the calculator with a lognormal delay per reply (asynchronous training benchmarks)
+        "calculator_slow": EnvSpec(
+            name="calculator_slow",
+            factory=latency.slow_calculator,
+            tasks=calculator.make_tasks,
+            strategies=calculator.STRATEGIES,
+            max_turns=8,
+            description="the calculator, each reply after a long-tailed (lognormal) delay",
         ),
         "code": code_interpreter.SPEC,
         "apps": apps.SPEC,

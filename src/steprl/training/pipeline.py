@@ -114,8 +114,8 @@ class Pipeline:
         now = time.perf_counter()
         self._idle_since: float | None = now
         self._counters = _Counters(since=now)
-        self.taken: list[Finished] = []  # the groups of the latest step (staleness metrics)
-        self._taken_at = version
+        #: the groups taken since the last `take_metrics`, each with the version it trains at
+        self.taken: list[tuple[Finished, int]] = []
 
     # ---- the learner's side -------------------------------------------------------------------
 
@@ -140,8 +140,7 @@ class Pipeline:
                     break  # done, or the stream ran out with nothing left to wait for
                 self._cv.wait()
         picked.sort(key=lambda f: f.index)
-        self.taken += picked
-        self._taken_at = self.version  # the weights these groups are trained from
+        self.taken += [(f, self.version) for f in picked]  # the weights they are trained from
         return [f.group for f in picked]
 
     def publish(self, weights: Weights, version: int) -> None:
@@ -171,7 +170,7 @@ class Pipeline:
             self._idle_since = now if self._idle_since is not None else None
             self._counters = _Counters(since=now)
             queued, in_flight = len(self._finished), len(self._in_flight)
-        out = staleness_metrics(self.taken, self._taken_at, self.max_staleness, optimizer_steps)
+        out = staleness_metrics(self.taken, self.max_staleness, optimizer_steps)
         self.taken = []
         return out | {
             "async/queue_depth": float(queued),
@@ -224,12 +223,13 @@ class Pipeline:
 
 
 def staleness_metrics(
-    taken: Sequence[Finished], version: int, max_staleness: int, optimizer_steps: int
+    taken: Sequence[tuple[Finished, int]], max_staleness: int, optimizer_steps: int
 ) -> dict[str, float]:
     """Histograms (fractions per staleness 0..k) at trajectory and token level, their means, the
-    versions a trajectory spans, and the optimizer-step bound of the oldest sample."""
+    versions a trajectory spans, and the optimizer-step bound of the oldest sample. `taken`:
+    (group, the version it is trained at)."""
     traj, tokens, spans = [], [], []
-    for f in taken:
+    for f, version in taken:
         for t in f.group.trajectories:
             versions = t.token_versions or (f.admitted,)
             traj.append(version - min(versions))
