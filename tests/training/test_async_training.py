@@ -48,15 +48,21 @@ def _exactly_once(run_dir: Path, final_step: int) -> None:
     assert sorted(counts) == list(range(state["task_cursor"]))
 
 
-def test_staleness_2_stays_bounded_and_trains_every_task_once(tmp_path):
+RAY_WORKERS = ["runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1"]
+
+
+@pytest.mark.parametrize("runtime", [[], RAY_WORKERS], ids=["in-process", "ray-rollout-worker"])
+def test_staleness_2_stays_bounded_and_trains_every_task_once(tmp_path, runtime):
     extra = [*SLOW_ENV, "rollout.max_staleness=2", "trainer.total_steps=5", "trainer.eval_every=0"]
-    result = train(small_config(tmp_path, "async", extra), log=lambda s: None)
+    result = train(small_config(tmp_path, "async", [*extra, *runtime]), log=lambda s: None)
     for m in result.history:
         assert m["staleness/traj_max"] <= 2
         hist = [m[f"staleness/traj_{s}"] for s in range(3)]
         assert sum(hist) == pytest.approx(1.0)
         assert m["async/queue_depth"] + m["async/in_flight"] <= 12  # the window: (k + 1) x 4
     assert max(m["staleness/traj_max"] for m in result.history) >= 1  # it did run ahead
+    assert sum(m["async/version_errors"] for m in result.history) == 0
+    assert max(m["async/versions_spanned_max"] for m in result.history) >= 2  # partial rollouts
     _exactly_once(result.run_dir, 5)
 
 

@@ -75,10 +75,12 @@ class LocalProducer:
         if not self._loop.is_running():
             return
 
-        async def cancel() -> None:
-            for t in list(self._tasks):
+        async def cancel() -> None:  # episodes and the engine's scheduler alike
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in others:
                 t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*others, return_exceptions=True)
+            self.engine.reset_scheduler()  # the engine may serve another loop after this one
 
         try:
             asyncio.run_coroutine_threadsafe(cancel(), self._loop).result(timeout=30)

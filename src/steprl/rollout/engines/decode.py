@@ -78,6 +78,7 @@ class RunningBatch:
         same = (sp.temperature, sp.top_p) == (head.temperature, head.top_p)
         return same and preloadable(self.past)
 
+    @torch.no_grad()  # the engine never trains: no graph (a batch that never drains would keep it)
     def admit(self, requests: list[Request]) -> None:
         """Prefill `requests` (one forward pass) and add them to the batch."""
         self._compact()  # the merge below copies the cache anyway: drop finished rows first
@@ -112,6 +113,7 @@ class RunningBatch:
         self.rows += rows
         self.logits = torch.cat([self.logits, logits])
 
+    @torch.no_grad()
     def step(self) -> list[tuple[Request, Generation]]:
         """Sample one token for every live row; finished rows are returned (and stop being fed
         their tokens); the others are fed theirs."""

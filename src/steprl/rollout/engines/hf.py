@@ -105,6 +105,11 @@ class HFEngine:
         if self._prefix is not None:  # keys and values of the old weights
             self._prefix.clear()
 
+    def reset_scheduler(self) -> None:
+        """Forget queued requests and the scheduler task (their event loop is being closed)."""
+        self._queue = []
+        self._batcher = None
+
     @property
     def prefix_cache(self) -> PrefixCache | None:
         return self._prefix
