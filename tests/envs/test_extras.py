@@ -115,7 +115,7 @@ def test_registry_calculator_and_search_tasks_need_no_extra() -> None:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "apps,bandit,calculator,code,echo,frozenlake,search,sokoban"
+    assert lines[0] == "apps,bandit,calculator,calculator_slow,code,echo,frozenlake,search,sokoban"
     assert lines[1] == "calculator True 1.0"
     assert lines[2:] == [
         "search tasks 3",

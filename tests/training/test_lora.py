@@ -6,6 +6,7 @@ Two small random-init architectures: the tiny Llama and a Qwen3 (q/k norms, GQA)
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import pickle
@@ -216,7 +217,8 @@ def test_a_rollout_worker_merges_an_adapter_update(tokenizer, base):
     )
     pm = apply_lora(base, _spec()).eval()
     _perturb(pm, 5)
-    worker.update_weights(pickle.loads(pickle.dumps(adapter_update(pm).to("cpu"))), 1)
+    update = pickle.loads(pickle.dumps(adapter_update(pm).to("cpu")))
+    assert asyncio.run(worker.update_weights(update, 1))  # an async actor method
     ids = _ids(tokenizer, 1)
     torch.testing.assert_close(_logits(worker.engine.model, ids), _logits(pm, ids), atol=1e-5, rtol=0)
     assert worker.engine.version == 1

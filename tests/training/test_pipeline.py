@@ -39,9 +39,10 @@ class FakeProducer:
         self.published: list[int] = []
         self._running: dict[int, tuple[Task, Any]] = {}
 
-    def start(self, index: int, task: Task, done: Any) -> None:
-        self.started.append(index)
-        self._running[index] = (task, done)
+    def start(self, items: Any, done: Any) -> None:
+        for index, task in items:
+            self.started.append(index)
+            self._running[index] = (task, done)
 
     def finish(self, index: int, versions: tuple[int, ...]) -> None:
         task, done = self._running.pop(index)

@@ -88,7 +88,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         "calculator_slow": EnvSpec(
             name="calculator_slow",
             factory=latency.slow_calculator,
-            tasks=calculator.make_tasks,
+            tasks=latency.make_tasks,
             strategies=calculator.STRATEGIES,
             max_turns=8,
             description="the calculator, each reply after a long-tailed (lognormal) delay",

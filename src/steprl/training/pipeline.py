@@ -50,8 +50,10 @@ Done = Callable[[int, Group], None]
 class Producer(Protocol):
     """Runs groups of episodes somewhere, continuously, and takes new weights between decode steps."""
 
-    def start(self, index: int, task: Task, done: Done) -> None:
-        """Begin `group_size` episodes of `task` (stream position `index`); call `done` once."""
+    def start(self, items: Sequence[tuple[int, Task]], done: Done) -> None:
+        """Begin `group_size` episodes of each (stream position, task), all in one go (so
+        which requests share the engine's first batch never depends on thread timing); call
+        `done` once per group."""
         ...
 
     def publish(self, weights: Weights, version: int) -> None:
@@ -193,6 +195,7 @@ class Pipeline:
 
     def _top_up(self) -> None:
         """Admit tasks (re-queued ones first) while fewer than `window` are in flight or queued."""
+        admitted: list[tuple[int, Task]] = []
         while len(self._in_flight) + len(self._finished) < self.window:
             if self._requeue:
                 index, task = self._requeue.pop(0)
@@ -200,14 +203,16 @@ class Pipeline:
                 first, got = self.tasks.take(1) if not self._stream_done else (0, [])
                 if not got:
                     self._stream_done = True
-                    return
+                    break
                 index, task = first, got[0]
             if self._idle_since is not None:
                 self._counters.producer_idle_s += time.perf_counter() - self._idle_since
                 self._idle_since = None
             self._in_flight[index] = (task, self.version)
             self._counters.admitted += 1
-            self.producer.start(index, task, self._done)
+            admitted.append((index, task))
+        if admitted:
+            self.producer.start(admitted, self._done)
 
     def _versions_ok(self, f: Finished) -> bool:
         """Every token of a returned group was sampled by a version published since its admission

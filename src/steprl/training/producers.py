@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from steprl.rollout import seeds
@@ -43,8 +43,8 @@ class LocalProducer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="steprl-rollouts", daemon=True)
         self._thread.start()
 
-    def start(self, index: int, task: Task, done: Done) -> None:
-        async def one() -> None:
+    def start(self, items: Sequence[tuple[int, Task]], done: Done) -> None:
+        async def one(index: int, task: Task) -> None:
             try:
                 groups = await rollout_groups(
                     [task], self.group_size, self.setup, seed=self.seed, first_index=index
@@ -54,10 +54,11 @@ class LocalProducer:
                 group = failed_group(task, index, self.group_size, self.seed, f"{type(exc).__name__}: {exc}")
             done(index, group)
 
-        def schedule() -> None:  # on the loop: tasks start in the order they were admitted
-            t = self._loop.create_task(one())
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+        def schedule() -> None:  # on the loop, all at once, in the order they were admitted
+            for index, task in items:
+                t = self._loop.create_task(one(index, task))
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
 
         self._loop.call_soon_threadsafe(schedule)
 
@@ -100,11 +101,12 @@ class RayProducer:
         self._waiter = threading.Thread(target=self._wait, name="steprl-ray-rollouts", daemon=True)
         self._waiter.start()
 
-    def start(self, index: int, task: Task, done: Done) -> None:
+    def start(self, items: Sequence[tuple[int, Task]], done: Done) -> None:
         with self._lock:
-            worker, ref = self.pool.start_group(task, self.group_size, seed=self.seed, index=index)
-            # `worker`: (slot, actor), to replace that actor once if it died
-            self._refs[ref] = (index, task, worker, done)
+            for index, task in items:
+                worker, ref = self.pool.start_group(task, self.group_size, seed=self.seed, index=index)
+                # `worker`: (slot, actor), to replace that actor once if it died
+                self._refs[ref] = (index, task, worker, done)
 
     def publish(self, weights: Weights, version: int) -> None:
         self.engine.update_weights(weights, version=version)  # the trainer's copy: evaluation
