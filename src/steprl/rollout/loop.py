@@ -137,6 +137,15 @@ def creation_failed(task: Task, group_id: str, exc: Exception) -> Trajectory:
     return Trajectory(task.id, group_id, task.env, (), 0.0, EndReason.INFRA_FAILED, info)
 
 
+def failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -> Group:
+    """The group of a task whose episodes never came back (a dead worker, a crashed producer):
+    `infra_failed`, counted, never trained on."""
+    failed = Trajectory(
+        task.id, seeds.group_id(seed, index), task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why}
+    )
+    return Group(task, (failed,) * group_size)
+
+
 @dataclass(frozen=True)
 class RolloutSetup:
     """Everything an episode needs besides its task: how to make the env, the engine, the prompt

@@ -33,14 +33,13 @@ from ray.exceptions import GetTimeoutError, RayError
 from steprl.envs.base import Env
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
-from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.engines.lora_merge import AdapterUpdate
-from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.types import EndReason, Group, Task, Trajectory
+from steprl.rollout.loop import Budgets, RolloutSetup, failed_group, rollout_groups
+from steprl.types import Group, Task
 
 
 @dataclass(frozen=True)
@@ -245,8 +244,7 @@ class RayRolloutPool:
                 why = f"rollout worker {k} failed: {type(exc).__name__}"
                 base = first_index + lo
                 groups += [
-                    _failed_group(task, base + i, group_size, seed, why)
-                    for i, task in enumerate(tasks[lo:hi])
+                    failed_group(task, base + i, group_size, seed, why) for i, task in enumerate(tasks[lo:hi])
                 ]
                 self._replace(k, type(exc).__name__)
         return groups
@@ -317,9 +315,3 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
     """Contiguous [lo, hi) shares of n items whose sizes differ by at most one."""
     bounds = [n * k // parts for k in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
-
-
-def _failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -> Group:
-    gid = seeds.group_id(seed, index)
-    failed = Trajectory(task.id, gid, task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why})
-    return Group(task, (failed,) * group_size)

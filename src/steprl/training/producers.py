@@ -17,20 +17,12 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from steprl.rollout import seeds
 from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.loop import RolloutSetup, rollout_groups
+from steprl.rollout.loop import RolloutSetup, failed_group, rollout_groups
 from steprl.training.pipeline import Done, Weights
-from steprl.types import EndReason, Group, Task, Trajectory
+from steprl.types import Task
 
 T = TypeVar("T")
-
-
-def failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -> Group:
-    """A group whose episodes never finished (a crashed producer): `infra_failed`, counted."""
-    gid = seeds.group_id(seed, index)
-    failed = Trajectory(task.id, gid, task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": why})
-    return Group(task, (failed,) * group_size)
 
 
 class LocalProducer:
@@ -141,4 +133,4 @@ class RayProducer:
         self._waiter.join(timeout=30)
 
 
-__all__ = ["LocalProducer", "RayProducer", "failed_group"]
+__all__ = ["LocalProducer", "RayProducer"]
