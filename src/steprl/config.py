@@ -9,16 +9,16 @@ Derived sizes (trajectories per step, mini-batch size) are computed once and pri
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictFloat,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -34,6 +34,7 @@ from steprl.algorithms import (
     estimators,
     filters,
 )
+from steprl.config_values import check_params, format_errors, load_yaml
 from steprl.errors import UserError
 
 
@@ -42,8 +43,9 @@ class ConfigError(UserError, ValueError):
 
 
 class _Section(BaseModel):
-    # allow_inf_nan: `trainer.lr=.inf` is a config error, not a run whose weights all become NaN
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # allow_inf_nan: `trainer.lr=.inf` is a config error, not a run whose weights all become NaN;
+    # strict: `group_size: '8'` or `total_steps: true` is refused, not coerced (an int is a float)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class RunSection(_Section):
@@ -57,6 +59,17 @@ class RunSection(_Section):
     # directory if there is one; must: as auto, but refuse when there is none (`--resume`)
     resume: Literal["never", "auto", "must"] = "never"
     allow_config_change: bool = False  # resume although the config differs (CKPT-06)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        # overwrite clears <output_dir>/<name>: a name with a path in it would point elsewhere
+        if v.strip() in ("", ".", "..") or any(c in v for c in "/\\\0"):
+            raise ValueError(
+                f"{v!r} is not a plain name (no '/', '\\', '..', not empty): the run directory is "
+                "run.output_dir/run.name; put a path in run.output_dir"
+            )
+        return v
 
 
 class TinySection(_Section):
@@ -78,7 +91,7 @@ class SFTSection(_Section):
 
     skill_strategy: str = "expert"
     skill_steps: int = Field(400, ge=0)
-    strategies: dict[str, float] = {"expert": 0.3, "guess": 0.7}
+    strategies: dict[str, Annotated[float, Field(ge=0)]] = {"expert": 0.3, "guess": 0.7}
     steps: int = Field(150, ge=0)
     num_episodes: int = Field(6000, gt=0)  # demonstrations generated per phase
     batch_size: int = Field(128, gt=0)
@@ -203,7 +216,7 @@ class AlgorithmSection(_Section):
     policy_loss: str = "ppo_clip"  # a key of POLICY_LOSSES (ppo_clip, loop_clip, decoupled_ppo)
     loss_params: dict[str, Any] = {"clip_low": 0.2, "clip_high": 0.2}
     aggregation: str = "token-mean"  # one of AGGREGATIONS
-    loss_scale_factor: float | None = None  # pinned constant for seq-mean-token-sum-norm (Dr. GRPO)
+    loss_scale_factor: float | None = Field(None, gt=0)  # pinned for seq-mean-token-sum-norm (Dr. GRPO)
     entropy_coef: float = Field(0.0, ge=0)
     kl_coef: float = Field(0.0, ge=0)  # > 0 keeps a frozen reference copy of the initial policy
     kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
@@ -216,7 +229,7 @@ class AlgorithmSection(_Section):
     critic: Literal["none", "separate", "shared"] = "none"  # gae / step_gae / bi_level_gae need one
     critic_lr: float = Field(1e-4, gt=0)
     vf_coef: float = Field(0.5, ge=0)  # shared critic: weight of the value loss
-    value_clip: float | None = 0.5
+    value_clip: float | None = Field(0.5, gt=0)
     group_filter: str = "none"  # a key of GROUP_FILTERS (none, dapo, starpo_s, ragen2_top_p)
     filter_params: dict[str, Any] = {}
     filter_regenerations: int = Field(0, ge=0)  # DAPO: roll out more tasks until the batch is full
@@ -249,9 +262,9 @@ class AlgorithmSection(_Section):
         # keyword arguments of entropy_modulated(inputs, advantages, **empg) and of
         # overlong_shaping(lengths, **overlong); checked before the values (a typo is not a "number")
         if isinstance(v, dict) and info.field_name == "empg":
-            _check_params("algorithm.empg", estimators.entropy_modulated, v, skip=2)
+            check_params("algorithm.empg", estimators.entropy_modulated, v, skip=2)
         elif isinstance(v, dict):
-            _check_params("algorithm.overlong", filters.overlong_shaping, v, required=True)
+            check_params("algorithm.overlong", filters.overlong_shaping, v, required=True)
         return v
 
     @field_validator("overlong")
@@ -267,9 +280,9 @@ class AlgorithmSection(_Section):
 
     @model_validator(mode="after")
     def _params_match_signatures(self) -> AlgorithmSection:
-        _check_params("algorithm.advantage_params", ADVANTAGES[self.advantage], self.advantage_params)
-        _check_params("algorithm.loss_params", POLICY_LOSSES[self.policy_loss].fn, self.loss_params)
-        _check_params("algorithm.filter_params", GROUP_FILTERS[self.group_filter], self.filter_params)
+        check_params("algorithm.advantage_params", ADVANTAGES[self.advantage], self.advantage_params)
+        check_params("algorithm.loss_params", POLICY_LOSSES[self.policy_loss].fn, self.loss_params)
+        check_params("algorithm.filter_params", GROUP_FILTERS[self.group_filter], self.filter_params)
         if self.aggregation == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
             raise ValueError(
                 "algorithm.aggregation, algorithm.loss_scale_factor: aggregation=seq-mean-token-sum-norm "
@@ -289,30 +302,11 @@ class AlgorithmSection(_Section):
         return self
 
 
-def _check_params(
-    key: str, fn: Any, params: dict[str, Any], *, skip: int = 1, required: bool = False
-) -> None:
-    """Every param must be a named argument of `fn` after its first `skip` (the inputs);
-    `required`: its arguments without a default must be given too."""
-    named = [
-        p
-        for p in list(inspect.signature(fn).parameters.values())[skip:]
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    allowed = ", ".join(p.name for p in named)
-    unknown = sorted(set(params) - {p.name for p in named})
-    if unknown:
-        raise ValueError(f"{key}: unknown key(s) {', '.join(unknown)}; allowed keys: {allowed}")
-    missing = [p.name for p in named if required and p.default is p.empty and p.name not in params]
-    if missing:
-        raise ValueError(f"{key}: missing key(s) {', '.join(missing)}; allowed keys: {allowed}")
-
-
 class TrainerSection(_Section):
     total_steps: int = Field(50, ge=0)
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[StrictFloat, StrictFloat] = Field((0.9, 0.99), strict=False)  # YAML gives a list
     epochs: int = Field(1, gt=0)  # passes over each step's batch
     mini_batches: int = Field(2, gt=0)  # optimizer steps per epoch
     micro_batch_size: int = Field(64, gt=0)  # rows per forward/backward (memory only; loss unchanged)
@@ -409,43 +403,13 @@ def _one_of(value: str, allowed: Any) -> str:
     return value
 
 
-def _allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
-    cls: Any = model
-    for part in loc[:-1]:
-        field = cls.model_fields.get(str(part))
-        kinds = () if field is None else (field.annotation, *get_args(field.annotation))  # X | None
-        cls = next((t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)), None)
-        if cls is None:
-            return []
-    return sorted(cls.model_fields)
-
-
-def _format_errors(err: ValidationError) -> str:
-    """One line: `key: problem` per error, joined by "; ". A check over several fields (a
-    model validator) names its fields itself and never echoes the whole section back."""
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(Config, e["loc"])
-            lines.append(f"{key}: unknown key; allowed keys here: {', '.join(allowed)}")
-        elif e["type"] == "value_error":  # our validators: the message names its keys and values
-            section = f"{e['loc'][0]}." if e["loc"] else ""
-            lines.append(msg if section and msg.startswith(section) else f"{key}: {msg}".lstrip(": "))
-        else:
-            got = repr(e.get("input"))
-            lines.append(f"{key}: {msg} (got {got if len(got) <= 80 else got[:77] + '...'})")
-    return "invalid config: " + "; ".join(" ".join(line.split()) for line in lines)
-
-
 def parse_override(item: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 3 -> int, true -> bool)."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.lr=3e-4)")
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw)
+        value = load_yaml(raw)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(
@@ -456,7 +420,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 def _read_yaml(p: Path) -> Any:
     try:
-        return yaml.safe_load(p.read_text())
+        return load_yaml(p.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
@@ -490,7 +454,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err)) from None
+        raise ConfigError(format_errors(err, Config)) from None
 
 
 def dump_config(cfg: Config) -> str:

@@ -1,0 +1,187 @@
+"""What a config value may be, and the one line that says so when it is not.
+
+`steprl.config` declares the sections (strict types: `'8'` is not an integer, `true` is not a
+count; ranges on every number with an obvious domain); this module holds what those
+declarations need around them:
+
+* `load_yaml`: YAML as users write numbers: `3e-4` is a float (YAML 1.1, PyYAML's default,
+  reads it as a string, which a strict integer or float field would then refuse);
+* `check_params`: the `*_params` mappings, checked against the signature of the function their
+  name picks: the keys, and each value against the parameter's own annotation (strict) and the
+  domain of its name (`PARAM_RANGES`);
+* `format_errors`: a `ValidationError` as one line, `key: problem (got ...); allowed values: ...`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import types
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+__all__ = ["PARAM_RANGES", "allowed_values", "check_params", "format_errors", "load_yaml"]
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load, plus YAML 1.2's floats without a dot (`1e-4`, `3E5`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
+#: The domain of a keyword param of the algorithms' functions, by name: a name means the same
+#: thing in every function that takes it (docs/algorithms.md).
+PARAM_RANGES: dict[str, tuple[Any, ...]] = {
+    "clip_low": (Ge(0), Lt(1)),  # the ratio's lower bound is 1 - clip_low
+    "clip_high": (Ge(0),),
+    "dual_clip_c": (Gt(1),),
+    "behav_cap": (Gt(0),),
+    "eps": (Ge(0),),
+    "gamma": (Ge(0), Le(1)),
+    "lam": (Ge(0), Le(1)),
+    "high_level_gamma": (Ge(0), Le(1)),
+    "omega": (Ge(0),),
+    "similarity_thresh": (Ge(0), Le(1)),
+    "ratio": (Gt(0), Le(1)),
+    "p": (Gt(0), Le(1)),
+    "k": (Ge(0),),
+    "k_f": (Ge(0),),
+    "zeta": (Ge(0),),
+    "max_len": (Gt(0),),
+    "cache_len": (Ge(0),),
+    "penalty": (Ge(0),),
+}
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+def check_params(key: str, fn: Any, params: dict[str, Any], *, skip: int = 1, required: bool = False) -> None:
+    """Every param must be a named argument of `fn` after its first `skip` (the inputs), of the
+    argument's annotated type and in its name's range; `required`: its arguments without a
+    default must be given too. Raises ValueError naming `key.param` and the allowed values."""
+    named = [
+        p
+        for p in list(inspect.signature(fn).parameters.values())[skip:]
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    allowed = ", ".join(p.name for p in named)
+    unknown = sorted(set(params) - {p.name for p in named})
+    if unknown:
+        raise ValueError(f"{key}: unknown key(s) {', '.join(unknown)}; allowed keys: {allowed}")
+    missing = [p.name for p in named if required and p.default is p.empty and p.name not in params]
+    if missing:
+        raise ValueError(f"{key}: missing key(s) {', '.join(missing)}; allowed keys: {allowed}")
+    for p in named:
+        if p.name in params:
+            _check_value(f"{key}.{p.name}", _annotation(fn, p), PARAM_RANGES.get(p.name, ()), params[p.name])
+
+
+def _annotation(fn: Any, p: inspect.Parameter) -> Any:
+    """The parameter's type (annotations are strings under `from __future__ import annotations`);
+    Any when it names something only a type checker imports."""
+    if not isinstance(p.annotation, str):
+        return Any if p.annotation is p.empty else p.annotation
+    try:
+        return eval(p.annotation, vars(sys.modules[fn.__module__]))  # noqa: S307 (our own source)
+    except (NameError, SyntaxError, TypeError):
+        return Any
+
+
+def _check_value(key: str, annotation: Any, bounds: tuple[Any, ...], value: Any) -> None:
+    kinds = get_args(annotation) if _is_union(annotation) else (annotation,)
+    if value is None and type(None) in kinds:
+        return
+    target: Any = Union[tuple(k for k in kinds if k is not type(None))]  # noqa: UP007 (built at run time)
+    try:
+        TypeAdapter(Annotated[target, *bounds] if bounds else target, config=_STRICT).validate_python(value)
+    except ValidationError:
+        raise ValueError(
+            f"{key}: {value!r} is not allowed; allowed values: {allowed_values(annotation, bounds)}"
+        ) from None
+
+
+def _is_union(annotation: Any) -> bool:
+    return get_origin(annotation) in (Union, types.UnionType)
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def allowed_values(annotation: Any, metadata: Sequence[Any] = ()) -> str:
+    """What a field of this type and these constraints takes, in words: `an integer > 0`."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:  # a pydantic Field inside holds its constraints in .metadata
+        inner = [c for m in annotation.__metadata__ for c in getattr(m, "metadata", [m])]
+        return allowed_values(args[0], [*inner, *metadata])
+    if _is_union(annotation):
+        kinds = [allowed_values(a, metadata) for a in args if a is not type(None)]
+        return " or ".join(kinds + (["null"] if type(None) in args else []))
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin is tuple:
+        each = [allowed_values(a) for a in args]
+        return (
+            f"a list of {len(args)}, each {each[0]}" if len(set(each)) == 1 else f"a list: {', '.join(each)}"
+        )
+    if origin is list:
+        return "a list"
+    if origin is dict:
+        return f"a mapping to {allowed_values(args[1], metadata)}" if args else "a mapping"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "a mapping of " + ", ".join(annotation.model_fields)
+    kind = _KINDS.get(annotation, "any value" if annotation is Any else str(annotation))
+    bounds = [f"{op} {getattr(m, name):g}" for m in metadata for name, op in _BOUNDS if hasattr(m, name)]
+    return " ".join([kind, " and ".join(bounds)]).strip()
+
+
+def _field_at(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[type[BaseModel] | None, Any]:
+    """The section that holds `loc`'s last model field, and that field (None past a mapping)."""
+    cls: Any = model
+    field = None
+    for part in loc:
+        if cls is None:
+            break
+        field = cls.model_fields.get(str(part))
+        if field is None:
+            return cls, None
+        kinds = (field.annotation, *get_args(field.annotation))  # X | None
+        cls = next((t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return cls, field
+
+
+def format_errors(err: ValidationError, root: type[BaseModel]) -> str:
+    """One line: `key: problem` per error, joined by "; ". A check over several fields (a
+    model validator) names its fields itself and never echoes the whole section back."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if e["type"] == "extra_forbidden":
+            holder, _ = _field_at(root, e["loc"][:-1])
+            allowed = sorted(holder.model_fields) if holder is not None else []
+            lines.append(f"{key}: unknown key; allowed keys here: {', '.join(allowed)}")
+        elif e["type"] == "value_error":  # our validators: the message names its keys and values
+            section = f"{e['loc'][0]}." if e["loc"] else ""
+            lines.append(msg if section and msg.startswith(section) else f"{key}: {msg}".lstrip(": "))
+        else:
+            got = repr(e.get("input"))
+            line = f"{key}: {msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
+            _, field = _field_at(root, e["loc"])
+            if field is not None and e["type"] != "literal_error":  # a Literal's message lists them
+                line += f"; allowed values: {allowed_values(field.annotation, field.metadata)}"
+            lines.append(line)
+    return "invalid config: " + "; ".join(" ".join(line.split()) for line in lines)
