@@ -118,3 +118,18 @@ def test_random_actions_never_raise():
         if tr.terminated:
             env.reset(task, 0)
     env.close()
+
+
+@needs_sandbox
+def test_a_nonzero_exit_status_is_a_failure_the_model_sees_and_the_reward_counts():
+    """Issue 23 item 18: `sys.exit(3)` was reported as `ok` (the sandbox's own error kind)."""
+    task = next(make_tasks("train", 0))
+    env = make_env(max_executions=2, exec_error_penalty=-0.5)
+    env.reset(task, 0)
+    for code in ("import sys; sys.exit(3)", "import sys; print('warning', file=sys.stderr); sys.exit(3)"):
+        tr = env.step(RUN.format(code))
+        assert tr.observation == "\nError: the program exited with status 3\n```\n", tr.observation
+        assert tr.info["tool_call_valid"] is False and "status 3" in tr.info["error"]
+    end = env.step(f"<answer>{task.answer}</answer>")
+    assert end.reward == 0.5 and end.info["reward_components"]["cost"] == -0.5  # the failure costs
+    env.close()

@@ -22,12 +22,41 @@ def shared_sandbox() -> Sandbox:
     return Sandbox(DEFAULT_LIMITS)
 
 
-def _to_output(result: ExecResult) -> RunOutput:
+#: kinds whose stderr already ends in why (a MemoryError; the session's "[... state lost]" note)
+_SAY_WHY = (ErrorKind.OOM, ErrorKind.SESSION_DEAD, ErrorKind.PROTOCOL_ERROR)
+
+
+def how_it_ended(result: ExecResult) -> str:
+    """One line for the model saying why a run failed (the observation shows an error's last line).
+
+    A Python traceback already ends in its exception, and `sys.exit("msg")` in its message (both
+    exit 1); any other end says so itself: `sys.exit(3)` writes nothing to stderr, and the
+    sandbox's own `error` is `ok` there (the interpreter exited by itself), never the answer.
+    """
+    if result.error is ErrorKind.OK:
+        return f"Error: the program exited with status {result.exit_code}"
+    if result.error is ErrorKind.KILLED and result.signal is not None:
+        return f"Error: the program was killed by signal {result.signal}"
+    return {
+        ErrorKind.TIMEOUT: "Timeout: the program ran too long",
+        ErrorKind.OOM: "MemoryError: the program ran out of memory",
+        ErrorKind.OUTPUT_LIMIT: "Error: the program printed too much output and was stopped",
+    }.get(result.error, f"Error: {result.error.value}")
+
+
+def _to_output(result: ExecResult, *, session_ended: bool = False) -> RunOutput:
+    """`session_ended`: the session's interpreter died in this run; its stderr ends in a note
+    that says how, and that the state is lost."""
     if result.error is ErrorKind.SANDBOX_ERROR:
         # the sandbox itself failed: an infrastructure fault, never the policy's (infra_failed)
         raise RuntimeError(f"sandbox failed to run the program: {result.stderr.strip()[-200:]}")
-    failed = not result.ok
-    error = (result.stderr or f"{result.error.value}") if failed else None
+    if result.ok:
+        return RunOutput(result.stdout, None, timed_out=result.timed_out)
+    stderr = result.stderr.rstrip()
+    said_why = bool(stderr) and (  # a traceback or `exit("msg")` (status 1), or the session's note
+        session_ended or result.error in _SAY_WHY or (result.error is ErrorKind.OK and result.exit_code == 1)
+    )
+    error = stderr if said_why else f"{stderr}\n{how_it_ended(result)}".lstrip("\n")
     return RunOutput(result.stdout, error, timed_out=result.timed_out)
 
 
@@ -47,7 +76,8 @@ class SessionRunner:
         self.session = SandboxSession(sandbox or shared_sandbox())
 
     def run(self, code: str) -> RunOutput:
-        return _to_output(self.session.run(code))
+        result = self.session.run(code)
+        return _to_output(result, session_ended=not self.session.alive)
 
     def close(self) -> None:
         self.session.close()
