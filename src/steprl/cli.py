@@ -180,7 +180,12 @@ def check_env_cmd(
         )
     except UserError:
         raise  # a bad name, plugin or param: one line and exit 2, as from every command
-    except (EnvCheckError, KeyError, ValueError) as err:
+    except EnvCheckError as err:
+        if isinstance(err.__cause__, UserError):  # a bad task row: the input's fault, as in train
+            raise err.__cause__ from None
+        console.print(f"check-env {cfg.env.name}: {err}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    except (KeyError, ValueError) as err:
         console.print(f"check-env {cfg.env.name}: {err}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     console.print(f"[green]{cfg.env.name}: ok[/green]")
@@ -217,7 +222,7 @@ def check_template_cmd(
         raise ConfigError(
             f"--context={context!r}; allowed values: append_only, keep_thinking, strip_thinking"
         )
-    results = run_checks(
+    checks = run_checks(
         model,
         conversations=str(conversations) if conversations else None,
         chat_template=str(chat_template) if chat_template else None,
@@ -226,14 +231,17 @@ def check_template_cmd(
         log=lambda m: console.print(m, markup=False, highlight=False),
     )
     failed = False
-    for label, report, expected in results:
+    for label, report, expected in checks.results:
         verdict = ("expected break: " if expected and not report.ok else "") + report.summary()
         if expected and report.ok:
             verdict += " (no break: this template keeps earlier reasoning)"
         console.print(f"{label}\n  {verdict}", markup=False, highlight=False, soft_wrap=True)
         failed |= not report.ok and not expected
+    plain = " (the plain format: the tokenizer has no chat template)" if checks.format == "plain" else ""
     console.print(
-        f"check-template {model}: " + ("FAIL" if failed else "ok"), style="red" if failed else "green"
+        f"check-template {model}: " + ("FAIL" if failed else "ok") + plain,
+        style="red" if failed else "green",
+        markup=False,
     )
     if failed:
         raise typer.Exit(1)

@@ -141,7 +141,7 @@ class ModelSection(_Section):
 class TaskFileSection(_Section):
     """Tasks from a JSONL or Parquet file, one per row (see steprl/envs/task_file.py)."""
 
-    path: str
+    path: str  # relative: to the config file's directory (given with --set: the working directory)
     prompt_field: str = "prompt"  # the text the policy sees first
     id_field: str = "id"  # absent: <file stem>-<row>
     split_field: str = "split"  # a column of train|eval; absent: a stable hash of the id
@@ -442,6 +442,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (run:, model:, ...)")
         data = loaded
+        _anchor_task_file(data, p.parent)
     for item in overrides:
         keys, value = parse_override(item)
         node = data
@@ -451,10 +452,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 raise ConfigError(f"override {item!r}: {k} is a value, not a section")
             node = nxt
         node[keys[-1]] = value
+    _anchor_task_file(data, Path.cwd())  # one given with --set (the YAML's is absolute by now)
     try:
         return Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_errors(err, Config)) from None
+
+
+def _anchor_task_file(data: dict[str, Any], base: Path) -> None:
+    """Make a relative `env.task_file.path` absolute against `base`: the config file's directory
+    for a path written in it (a config runs from any directory), the working directory for one
+    given with --set (as a shell user means it). A saved config (a checkpoint's) then names the
+    same file from anywhere."""
+    env = data.get("env")
+    tf = env.get("task_file") if isinstance(env, dict) else None
+    if isinstance(tf, dict) and isinstance(tf.get("path"), str):
+        tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
 
 
 def dump_config(cfg: Config) -> str:

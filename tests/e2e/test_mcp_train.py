@@ -41,7 +41,7 @@ def test_mcp_time_trains_from_yaml_with_reuse_and_no_orphans(tmp_path: Path) -> 
     wrapper.chmod(0o755)
     cfg = yaml.safe_load((ROOT / "configs" / "mcp_time.yaml").read_text())
     cfg["env"]["params"]["command"] = str(wrapper)
-    cfg["env"]["task_file"]["path"] = str(ROOT / cfg["env"]["task_file"]["path"])
+    cfg["env"]["task_file"]["path"] = str(ROOT / "configs" / cfg["env"]["task_file"]["path"])
     max_servers = cfg["env"]["params"]["max_servers"]
     cfg["run"].update(output_dir=str(tmp_path / "runs"))
     cfg["model"].update(

@@ -14,7 +14,9 @@ server) the tasks of a file, which is how an env that has no task generator of i
 Splits: a `TaskFile.split_field` of ``train`` or ``eval`` puts a row in that split; a row
 without one (or null) goes by a sha256 hash of its id, ``eval`` for an `eval_fraction` share.
 The train split repeats forever, reshuffled each pass (a pure function of (seed, pass)); eval
-is each row once, shuffled by the seed. Relative paths are relative to the working directory.
+is each row once, shuffled by the seed. Here a relative path is relative to the working
+directory; `env.task_file.path` in a config file is relative to that file (`steprl.config`
+makes it absolute: to the file's directory, or to the working directory when given with --set).
 
 A bad row is a `TaskFileError` (a `UserError`, printed as one line) naming the file, the row
 (the line, for JSONL) and the field. The file is read once per process (cached by path and

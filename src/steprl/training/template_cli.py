@@ -9,8 +9,9 @@ one-time conversion runs if it has not).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from steprl.models import qwen3_testbed, tiny
 from steprl.models.sources import (
@@ -66,6 +67,16 @@ def format_for(tokenizer: Any, kind: str = "auto") -> PromptFormat:
     return PlainFormat(tokenizer, system_prompt="env")
 
 
+@dataclass(frozen=True)
+class TemplateChecks:
+    """What `run_checks` checked and found."""
+
+    # "chat": the tokenizer's chat template; "plain": the tokenizer has none, so what was checked
+    # is the plain format (BOS + text) that model.format=auto trains it with
+    format: Literal["chat", "plain"]
+    results: list[tuple[str, TemplateReport, bool]]  # (label, report, whether a break was expected)
+
+
 def run_checks(
     name: str,
     *,
@@ -74,25 +85,30 @@ def run_checks(
     context: str | None = None,
     cache_dir: str = ".cache/steprl",
     log: Callable[[str], None] = print,
-) -> list[tuple[str, TemplateReport, bool]]:
-    """(label, report, whether a break was expected) per check. With `conversations`, the file's
-    conversations under `context` (default keep_thinking); without, the standard checks."""
+) -> TemplateChecks:
+    """The checks, one report per check. With `conversations`, the file's conversations under
+    `context` (default keep_thinking); without, the standard checks."""
     tokenizer = load_tokenizer(name, cache_dir, log)
     if chat_template:
         tokenizer.chat_template = read_chat_template(chat_template)
     try:
         fmt = format_for(tokenizer)
     except ChatTemplateError as err:  # a template that cannot even be taken apart: a failed check
-        return [(f"{name}: taking the template apart", TemplateReport("append_only", 0, (), str(err)), False)]
+        report = TemplateReport("append_only", 0, (), str(err))
+        return TemplateChecks("chat", [(f"{name}: taking the template apart", report, False)])
+    kind: Literal["chat", "plain"] = "plain" if isinstance(fmt, PlainFormat) else "chat"
     if conversations is not None:
         ctx = context or "keep_thinking"
-        return [
-            (
-                f"{conversations}, {ctx}",
-                check_template(fmt, load_conversations(conversations), context=ctx),
-                False,
-            )
-        ]
+        return TemplateChecks(
+            kind,
+            [
+                (
+                    f"{conversations}, {ctx}",
+                    check_template(fmt, load_conversations(conversations), context=ctx),
+                    False,
+                )
+            ],
+        )
     checks = standard_checks()
     if isinstance(fmt, PlainFormat):  # no template: nothing strips reasoning, so only the first two apply
         checks = checks[:2]
@@ -101,6 +117,8 @@ def run_checks(
     results = [
         (label, check_template(fmt, convs, context=ctx), expected) for label, ctx, convs, expected in checks
     ]
+    if kind == "plain":
+        return TemplateChecks(kind, [(f"plain format, {label}", r, e) for label, r, e in results])
     if any(expected and r.ok for _, r, expected in results):
         # the template never drops earlier reasoning: strip_thinking has no official render to match
         results = [
@@ -109,4 +127,4 @@ def run_checks(
             else (label, r, expected)
             for (label, r, expected), c in zip(results, checks, strict=True)
         ]
-    return results
+    return TemplateChecks(kind, results)

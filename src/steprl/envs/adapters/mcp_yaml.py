@@ -4,7 +4,7 @@
       name: mcp
       params: {command: mcp-server-time, args: [--local-timezone, UTC], reuse: true, max_servers: 4,
                reward: {match: exact, field: answer}}
-      task_file: {path: configs/tasks/time_tasks.jsonl}
+      task_file: {path: tasks/time_tasks.jsonl}  # relative to the config file
 
 The registry calls `mcp_spec(env.params)`; every backend then builds envs with
 ``spec.factory(**env.params)`` (`make_mcp_env`), the same params, so a Ray worker or an env

@@ -1,0 +1,91 @@
+"""Small command-line defects of issue 23 (items 11 and 18), each through the real `steprl`:
+
+* a quoted number in a config is refused with one line (item 11);
+* `check-env` prints a bad task row as one line with exit 2, as `train` does, not a wrapped repr;
+* `check-template` on a tokenizer without a chat template says it checked the plain format;
+* a relative `env.task_file.path` in a config file is relative to that file, so a config runs
+  from any directory; one given with `--set` is relative to the working directory.
+
+The commands start together (each pays the torch import; in parallel that is paid once in wall
+time).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli_runs import STEPRL, assert_one_line
+from steprl.config import load_config
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = '{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": "4"}\n{"prompt": "3+3", "answer": "6", "split": "eval"}\n'
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    tmp = tmp_path_factory.mktemp("cli_inputs")
+    (tmp / "bad.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 3, "answer": "4"}\n')
+    (tmp / "bad_row.yaml").write_text(yaml.safe_dump({"env": {"task_file": {"path": "bad.jsonl"}}}))
+    (tmp / "quoted.yaml").write_text("rollout:\n  group_size: '8'\n")
+    sub = tmp / "configs"
+    sub.mkdir()
+    (sub / "tasks.jsonl").write_text(ROWS)
+    (sub / "relative.yaml").write_text(yaml.safe_dump({"env": {"task_file": {"path": "tasks.jsonl"}}}))
+    cases = {
+        "quoted": ["check-env", "quoted.yaml"],
+        "bad_row": ["check-env", "bad_row.yaml"],
+        "plain": ["check-template", "tiny"],
+        "relative": ["check-env", "configs/relative.yaml", "--tasks", "2"],  # run from its parent
+    }
+    env = {**os.environ, "COLUMNS": "400"}
+    procs = {
+        name: subprocess.Popen(
+            [STEPRL, *argv], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for name, argv in cases.items()
+    }
+    outputs = {name: p.communicate(timeout=300)[0] for name, p in procs.items()}
+    return {name: (procs[name].returncode, out.strip()) for name, out in outputs.items()}
+
+
+def test_a_quoted_number_is_one_line(runs: dict[str, tuple[int, str]]) -> None:
+    rc, out = runs["quoted"]
+    assert_one_line(rc, out, "rollout.group_size", "(got '8')", "allowed values: an integer > 0")
+
+
+def test_check_env_prints_a_bad_task_row_as_one_line_exit_2(runs: dict[str, tuple[int, str]]) -> None:
+    rc, out = runs["bad_row"]
+    assert_one_line(rc, out, "bad.jsonl, line 2, field 'prompt'")
+    assert "TaskFileError(" not in out and len(out.splitlines()) == 1, out
+
+
+def test_check_template_says_it_checked_the_plain_format(runs: dict[str, tuple[int, str]]) -> None:
+    rc, out = runs["plain"]
+    assert rc == 0, out
+    assert (
+        out.splitlines()[-1]
+        == "check-template tiny: ok (the plain format: the tokenizer has no chat template)"
+    )
+    assert all(line.startswith(("plain format, ", "  ")) for line in out.splitlines()[:-1]), out
+
+
+def test_a_task_file_is_relative_to_its_config_file(runs: dict[str, tuple[int, str]]) -> None:
+    rc, out = runs["relative"]
+    assert rc == 0 and "calculator: ok" in out, out
+
+
+def test_a_task_file_given_with_set_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(ROOT / "configs" / "mcp_time.yaml")  # the shipped config, from elsewhere
+    assert cfg.env.task_file is not None
+    assert Path(cfg.env.task_file.path) == ROOT / "configs" / "tasks" / "time_tasks.jsonl"
+    given = load_config(ROOT / "configs" / "mcp_time.yaml", ["env.task_file.path=mine.jsonl"])
+    assert given.env.task_file is not None and given.env.task_file.path == str(tmp_path / "mine.jsonl")
