@@ -28,6 +28,7 @@ from steprl.envs.check import acheck_spec
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, get_spec, make_env, make_tasks, register
 from steprl.hosting.ray_backend import RayEnvBackend
+from steprl.models import qwen3_testbed
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
@@ -155,6 +156,16 @@ def test_ray_env_passes_check_env_and_matches_in_process(backends):
         local = asyncio.run(expert_trace(make_env("calculator"), task))
         assert remote == local
     assert [s.live for s in backend.worker_stats()] == [0, 0]  # every instance closed
+
+
+def test_the_first_prompt_carries_the_env_tools_through_ray(backends):
+    """Issue 23 item 16: a Ray env forwards the calculator's tool schema to the chat template
+    (the other backends: test_env_tools.py, whose helpers this reuses)."""
+    from test_env_tools import direct_prompt_ids, first_prompt_ids
+
+    qwen = qwen3_testbed.load_tokenizer()
+    backend = backends("calculator", num_workers=1, call_timeout_s=20)
+    assert first_prompt_ids(backend.make_env, qwen) == direct_prompt_ids(qwen)
 
 
 def test_env_exception_is_infra_failed_and_never_reaches_the_model(backends, tokenizer):

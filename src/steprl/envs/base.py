@@ -22,6 +22,8 @@ from steprl.errors import UserError
 from steprl.types import Task
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+#: An env's `tools` when it has none (the default of `Env.tools`).
+NO_TOOLS: Mapping[str, ToolSpec] = _EMPTY
 T = TypeVar("T")
 
 
@@ -49,18 +51,45 @@ class Transition:
     info: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
 
 
+class ToolSpec(Protocol):
+    """What a prompt shows of a tool: its name, description and JSON schema of arguments. Every
+    `Tool` is one; a remote env's tools are `ToolInfo` records (the call stays with the env)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """A `ToolSpec` as data: how the HTTP and Ray backends carry an env's tools to the loop."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
 @runtime_checkable
 class Env(Protocol):
     """One episode at a time. Methods may be sync or async (the loop awaits either).
 
-    The core reads exactly these five members. `system_prompt` is the policy's instructions (the
-    tools, the action syntax); whether it enters the first prompt is the prompt format's choice
+    The core reads these members. `system_prompt` is the policy's instructions (the tools, the
+    action syntax); whether it enters the first prompt is the prompt format's choice
     (`rollout/chat.py`). `stop_strings` are where the engine stops generating (e.g. a tool call's
     close tag), so the env sees one action per turn; none means EOS or the token budget.
+    `tools` (name -> `ToolSpec`, read after `reset`: an MCP env lists them then) reach a chat
+    template's native tool block (e.g. Qwen3's `<tools>`); the plain format ignores them.
 
-    Subclass `Env` (``class MyEnv(Env):``) and both default to none (`""`, `()`): set them as
-    class or instance attributes. A class that does not subclass it must define them. A
-    read-only property satisfies them too (remote envs learn them when the instance is made).
+    Subclass `Env` (``class MyEnv(Env):``) and all three default to none (`""`, `()`, `{}`):
+    set them as class or instance attributes. A class that does not subclass it must define
+    `system_prompt` and `stop_strings`; without `tools` it has none (`env_tools`). A read-only
+    property satisfies them too (remote envs learn them when the instance is made or reset), and
+    every wrapper of an env (pool, HTTP, Ray, demos) must forward all three.
     """
 
     if TYPE_CHECKING:  # the core only reads them: a property is as good as an attribute
@@ -71,9 +100,14 @@ class Env(Protocol):
         @property
         def stop_strings(self) -> Sequence[str]: ...
 
+        @property
+        def tools(self) -> Mapping[str, ToolSpec]:  # a body: not abstract in a subclass
+            return NO_TOOLS
+
     else:  # plain class attributes, so a subclass may assign them in __init__
         system_prompt: str = ""
         stop_strings: Sequence[str] = ()
+        tools: Mapping[str, ToolSpec] = NO_TOOLS
 
     def reset(self, task: Task, seed: int) -> Observation | Awaitable[Observation]: ...
 
@@ -86,8 +120,25 @@ class IncompleteEnv(UserError, TypeError):
     """An env factory built an object that lacks a member of `Env` (found before any episode)."""
 
 
-#: What the core reads of every env (the members of `Env`).
+#: What every env must have (the members of `Env` without a default for every class: `tools` has one).
 ENV_MEMBERS = ("system_prompt", "stop_strings", "reset", "step", "close")
+
+
+def env_tools(env: Env) -> Mapping[str, ToolSpec]:
+    """`env.tools`, or none for a class that does not subclass `Env` and defines no `tools` (the
+    protocol's default reaches subclasses only). Wrappers forward `tools` themselves: the type
+    checker holds them to the protocol, so a wrapper that drops them fails `mypy`."""
+    tools: Mapping[str, ToolSpec] | Sequence[ToolSpec] | None = getattr(env, "tools", None)
+    if not tools:
+        return _EMPTY
+    if isinstance(tools, Mapping):
+        return tools
+    return {t.name: t for t in tools}  # a list of tools is read as the mapping it names
+
+
+def tool_infos(env: Env) -> tuple[ToolInfo, ...]:
+    """The env's tools as records (what a remote backend sends): no call, no session."""
+    return tuple(ToolInfo(t.name, t.description, dict(t.parameters)) for t in env_tools(env).values())
 
 
 def missing_members(env: object) -> str | None:

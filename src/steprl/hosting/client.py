@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
+from steprl.envs.base import EnvTimeout, InfraError, Observation, ToolInfo, Transition
 from steprl.hosting.coalesce import Answer, Coalescers, answer_from, async_client
 from steprl.hosting.protocol import (
     CreateRequest,
@@ -51,6 +51,7 @@ from steprl.hosting.protocol import (
     TransitionMsg,
     observation_from_wire,
     task_to_wire,
+    tools_from_wire,
     transition_from_wire,
 )
 from steprl.types import Task
@@ -108,7 +109,7 @@ class RemoteEnv:
 
     The server-side instance is created lazily by the first `reset` (the agent loop builds envs
     synchronously, outside any event loop). `stop_strings` and `system_prompt` are the server
-    env's, known after that create (the given defaults until then).
+    env's, known after that create (the given defaults until then); `tools` after each reset.
     """
 
     def __init__(
@@ -136,6 +137,7 @@ class RemoteEnv:
         self.retry = retry or RetryPolicy()
         self.stop_strings: Sequence[str] = tuple(stop_strings)
         self.system_prompt: str = system_prompt
+        self.tools: Mapping[str, ToolInfo] = {}
         self._headers = {"Authorization": f"Bearer {token}"}
         self._coalescers = coalescers  # None: one request per call
         self._rng = rng or random.Random()
@@ -164,6 +166,8 @@ class RemoteEnv:
         msg = parse_answer(ObservationMsg, data, "reset")
         if msg.system_prompt is not None:  # an env may learn its tools at reset (MCP)
             self.system_prompt = msg.system_prompt
+        if msg.tools is not None:
+            self.tools = tools_from_wire(msg.tools)
         return observation_from_wire(msg)
 
     async def step(self, action: str) -> Transition:

@@ -33,6 +33,7 @@ from steprl.hosting.protocol import (
     TransitionMsg,
     observation_to_wire,
     task_from_wire,
+    tools_to_wire,
     transition_to_wire,
 )
 from steprl.hosting.settings import Settings
@@ -239,8 +240,9 @@ async def do_reset(state: ServerState, instance_id: str, body: ResetRequest) -> 
             task = task_from_wire(body.task)
             try:
                 obs = observation_to_wire(await call_env(threads, inst.env.reset, task, body.seed))
-                # the system prompt may change at reset (an MCP env learns its tools then)
-                obs = obs.model_copy(update={"system_prompt": str(inst.env.system_prompt)})
+                # the system prompt and tools may change at reset (an MCP env learns its tools then)
+                update = {"system_prompt": str(inst.env.system_prompt), "tools": tools_to_wire(inst.env)}
+                obs = obs.model_copy(update=update)
             except Overloaded:
                 raise
             except Exception as exc:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from steprl.envs.base import Env, Observation, Transition, maybe_await
+from steprl.envs.base import Env, Observation, ToolSpec, Transition, env_tools, maybe_await
 from steprl.hosting.backend import EnvBackend
 from steprl.types import Task
 
@@ -64,6 +64,10 @@ class _PooledEnv:
     @property
     def system_prompt(self) -> str:
         return self._env().system_prompt
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        return env_tools(self._env())
 
     def _env(self) -> Env:
         if self._inner is None:

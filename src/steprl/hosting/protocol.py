@@ -4,7 +4,7 @@ One JSON body per route (``extra="forbid"``, strict types, so a typo or a wrong 
 never a silently ignored field)::
 
     POST   /v1/envs             {env, params, key} -> {instance_id, stop_strings, system_prompt}
-    POST   /v1/envs/{id}/reset  {task, seed}   -> {text, info}
+    POST   /v1/envs/{id}/reset  {task, seed}   -> {text, info, system_prompt, tools}
     POST   /v1/envs/{id}/step   {action, seq}  -> {observation, reward, terminated, truncated, info}
     DELETE /v1/envs/{id}                       -> {closed: true}
     POST   /v1/batch  {calls: [{instance_id, op, body}]} -> {results: [{status, body, headers}]}
@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import Env, Observation, ToolInfo, Transition, tool_infos
 from steprl.types import Task
 
 #: The environment variables of the server launch contract, read by both sides: the bearer token
@@ -79,11 +79,20 @@ class ResetRequest(_Wire):
     seed: int
 
 
+class ToolMsg(_Wire):
+    """One of the env's tools as a chat template shows it (`steprl.envs.base.ToolInfo`)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(default_factory=dict)  # JSON schema of the arguments
+
+
 class ObservationMsg(_Wire):
     text: str
     info: dict[str, Any] = Field(default_factory=dict)
-    # the env's system prompt after this reset: an env may learn its tools only then (MCP)
+    # the env's system prompt and tools after this reset: an env may learn its tools only then (MCP)
     system_prompt: str | None = None
+    tools: list[ToolMsg] | None = None
 
 
 class StepRequest(_Wire):
@@ -222,6 +231,18 @@ def observation_to_wire(obs: object) -> ObservationMsg:
     if not isinstance(obs, Observation) or not isinstance(obs.text, str):
         raise TypeError(f"reset() must return Observation(text: str, info), got {type(obs).__name__}")
     return ObservationMsg(text=obs.text, info=json_safe(dict(obs.info)))
+
+
+def tools_to_wire(env: Env) -> list[ToolMsg]:
+    """The env's tools (`Env.tools`) on the wire: their schemas made plain JSON."""
+    return [
+        ToolMsg(name=str(t.name), description=str(t.description), parameters=json_safe(dict(t.parameters)))
+        for t in tool_infos(env)
+    ]
+
+
+def tools_from_wire(tools: list[ToolMsg]) -> dict[str, ToolInfo]:
+    return {t.name: ToolInfo(t.name, t.description, t.parameters) for t in tools}
 
 
 def observation_from_wire(msg: ObservationMsg) -> Observation:

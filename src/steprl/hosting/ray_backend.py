@@ -36,7 +36,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, Transition
+from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, ToolInfo, Transition
 from steprl.envs.registry import get_spec
 from steprl.hosting.ray_batch import RayCalls
 from steprl.hosting.ray_envs import EnvFailure, EnvMeta, EnvWorker, WorkerStats
@@ -115,7 +115,7 @@ class RayEnv:
         self._id = instance_id
         self._timeout_s = backend.call_timeout_s
         # Created at the first reset, batched with the other episodes' creates (or at once, when
-        # stop_strings / system_prompt are read before that).
+        # stop_strings / system_prompt / tools are read before that).
         self._created: Any = None
         self._meta: EnvMeta | None = None
         self._released = False
@@ -127,6 +127,10 @@ class RayEnv:
     @property
     def system_prompt(self) -> str:
         return self._meta_blocking().system_prompt
+
+    @property
+    def tools(self) -> Mapping[str, ToolInfo]:
+        return {t.name: t for t in self._meta_blocking().tools}
 
     async def reset(self, task: Task, seed: int) -> Observation:
         if self._meta is None:

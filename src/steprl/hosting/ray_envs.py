@@ -24,17 +24,23 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from steprl.envs.base import Env, EnvTimeout, Observation, Transition
+from steprl.envs.base import Env, EnvTimeout, Observation, ToolInfo, Transition, tool_infos
 from steprl.envs.registry import load_plugins
 from steprl.types import Task
 
 
 @dataclass(frozen=True)
 class EnvMeta:
-    """What the agent loop reads from an env besides reset/step, fetched once at create."""
+    """What the agent loop reads from an env besides reset/step, fetched at create and after
+    each reset (an env may learn its tools then, as the MCP adapter does)."""
 
     stop_strings: tuple[str, ...]
     system_prompt: str
+    tools: tuple[ToolInfo, ...] = ()  # records, not the env's tools: those may hold a session
+
+    @classmethod
+    def of(cls, env: Env) -> EnvMeta:
+        return cls(tuple(env.stop_strings), str(env.system_prompt), tool_infos(env))
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ class EnvWorker:
             self._close_quietly(env)
             return EnvFailure("create", "Abandoned", "created after the caller's deadline", "", True)
         self._envs[instance_id] = env
-        return EnvMeta(tuple(env.stop_strings), str(env.system_prompt))
+        return EnvMeta.of(env)
 
     async def reset(
         self, instance_id: str, task: Task, seed: int
@@ -153,7 +159,7 @@ class EnvWorker:
             return result
         if env is None:  # destroyed (deadline) while resetting
             return EnvFailure("reset", "Destroyed", f"env instance {instance_id} was destroyed", "", True)
-        return result, EnvMeta(tuple(env.stop_strings), str(env.system_prompt))
+        return result, EnvMeta.of(env)
 
     async def step(self, instance_id: str, action: str) -> Transition | EnvFailure:
         return await self._call(instance_id, "step", action)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from steprl.envs.base import Env, Observation, Transition, maybe_await
+from steprl.envs.base import Env, Observation, ToolSpec, Transition, env_tools, maybe_await
 from steprl.envs.policy import Policy
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
@@ -54,6 +54,10 @@ class _Recorder:
     @property
     def stop_strings(self) -> Sequence[str]:
         return self.env.stop_strings
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        return env_tools(self.env)
 
     async def reset(self, task: Task, seed: int) -> Observation:
         return await maybe_await(self.env.reset(task, seed))

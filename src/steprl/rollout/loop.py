@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from steprl.envs.base import Env, EnvTimeout, Transition, maybe_await
+from steprl.envs.base import Env, EnvTimeout, Transition, env_tools, maybe_await
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat, tool_schemas
 from steprl.rollout.context import ContextRule
@@ -57,7 +57,7 @@ async def run_episode(
     info: dict[str, object] = {}
     try:
         first = await maybe_await(env.reset(task, seed))
-        tools = tool_schemas(getattr(env, "tools", None))  # read after reset: MCP lists them then
+        tools = tool_schemas(env_tools(env))  # read after reset: MCP lists them then
         initial = fmt.initial_ids(env.system_prompt, first.text, tools)
         messages.append({"role": "user", "content": first.text})
         stop_ids, stop_seqs = fmt.stop_tokens(env.stop_strings)

@@ -53,7 +53,7 @@ from steprl.envs.adapters.gym_experts import (
     tabular_sync,
 )
 from steprl.envs.adapters.gym_render import Renderer
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import NO_TOOLS, Observation, ToolSpec, Transition
 from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
 from steprl.envs.policy import Policy
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, cost_component, format_component
@@ -129,6 +129,8 @@ class GymnasiumEnv:
         action_tag: the tag that wraps an action (default ``answer``).
         format_hint: appended to parse errors; default: the expected form of an action.
     """
+
+    tools: Mapping[str, ToolSpec] = NO_TOOLS  # none for a chat template: the system prompt says how to act
 
     def __init__(
         self,

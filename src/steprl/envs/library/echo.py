@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import NO_TOOLS, Observation, ToolSpec, Transition
 from steprl.envs.spec import EnvSpec
 from steprl.types import Task
 
@@ -27,6 +27,7 @@ class EchoEnv:
 
     stop_strings = ("</say>",)
     system_prompt = "Repeat the word as <say>word</say>, once per turn, as many times as asked."
+    tools: Mapping[str, ToolSpec] = NO_TOOLS  # none for a chat template: the system prompt says how to act
 
     def __init__(self, *, max_invalid_actions: int = 3) -> None:
         if max_invalid_actions < 1:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from steprl.envs.base import Env, Observation, Transition, maybe_await
+from steprl.envs.base import Env, Observation, ToolSpec, Transition, env_tools, maybe_await
 from steprl.envs.library import calculator
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.types import Task
@@ -43,8 +43,8 @@ class SlowEnv:
         return self.inner.stop_strings
 
     @property
-    def tools(self) -> Any:
-        return getattr(self.inner, "tools", None)
+    def tools(self) -> Mapping[str, ToolSpec]:
+        return env_tools(self.inner)
 
     def delay(self) -> float:
         return min(self.max_s, self.median_s * math.exp(self.sigma * self._rng.gauss(0.0, 1.0)))

@@ -8,11 +8,11 @@ neither a program nor an answer gets a format penalty and an error observation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import NO_TOOLS, Observation, ToolSpec, Transition
 from steprl.envs.library.code_interpreter.protocol import (
     OUTPUT_MARKER,
     extract_answer,
@@ -52,6 +52,7 @@ class RunnerFactory(Protocol):
 class CodeInterpreterEnv:
     stop_strings: Sequence[str] = (OUTPUT_MARKER, "</answer>")
     system_prompt: str = SYSTEM_PROMPT
+    tools: Mapping[str, ToolSpec] = NO_TOOLS  # none for a chat template: the system prompt says how to act
 
     def __init__(
         self,

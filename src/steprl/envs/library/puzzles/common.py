@@ -24,7 +24,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import NO_TOOLS, Observation, ToolSpec, Transition
 from steprl.envs.parsing import ActionSyntax, FinalAnswer, InvalidAction
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, cost_component, format_component
 from steprl.types import Task
@@ -138,6 +138,7 @@ class PuzzleEnv:
     move_hint = "answer U, D, L or R"
     unknown_move = "not a move"
     system_prompt = ""
+    tools: Mapping[str, ToolSpec] = NO_TOOLS  # none for a chat template: the system prompt says how to act
 
     def __init__(
         self,

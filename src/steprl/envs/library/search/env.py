@@ -37,7 +37,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from steprl.envs.base import Observation, Transition
+from steprl.envs.base import NO_TOOLS, Observation, ToolSpec, Transition
 from steprl.envs.library.search.retriever import Retriever, check_k, local_retriever, require_bm25s
 from steprl.envs.library.search.scoring import exact_match, f1_score
 from steprl.envs.parsing import ActionKind, ActionSyntax, FinalAnswer, InvalidAction
@@ -84,6 +84,8 @@ class SearchEnv:
         timeout: seconds per HTTP request.
         invalid_message: the observation after an invalid action.
     """
+
+    tools: Mapping[str, ToolSpec] = NO_TOOLS  # none for a chat template: the system prompt says how to act
 
     def __init__(
         self,
