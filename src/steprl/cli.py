@@ -134,14 +134,14 @@ def eval_(
     from steprl.training.checkpoint import resolve_checkpoint
     from steprl.training.evaluate_cli import evaluate_checkpoint
 
-    checkpoint = resolve_checkpoint(checkpoint)  # a run directory or checkpoints/ means its latest
-    if not (checkpoint / "config.yaml").exists():
-        console.print(
-            f"[red]{checkpoint} is not a checkpoint (no config.yaml); pass runs/<name> or "
-            "runs/<name>/checkpoints/step_N[/red]"
-        )
-        raise typer.Exit(2)
-    cfg = _load(checkpoint / "config.yaml", set_, plugin)
+    # a run directory or checkpoints/ means its newest checkpoint that verifies (a corrupt one
+    # falls back, with a warning); a checkpoint named by its path that fails is one line, exit 2
+    def warn(line: str) -> None:
+        console.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
+
+    checkpoint = resolve_checkpoint(checkpoint, warn)
+    console.print(f"checkpoint: {checkpoint}", markup=False, highlight=False)
+    cfg = _load(checkpoint / "config.yaml", set_, plugin)  # the checkpoint's own config
     metrics = evaluate_checkpoint(checkpoint, cfg, tasks=tasks, temperature=temperature)
     for k, v in metrics.items():
         console.print(f"  {k}: {v:.4f}")

@@ -152,4 +152,4 @@ def test_resolve_checkpoint_accepts_a_run_directory(tmp_path, model_and_tokenize
     root = tmp_path / "run" / "checkpoints"
     _save(root, 3, model_and_tokenizer)
     for given in (tmp_path / "run", root, root / "latest", root / "step_000003"):
-        assert ckpt.resolve_checkpoint(given) == (root / "step_000003").resolve()
+        assert ckpt.resolve_checkpoint(given, print) == (root / "step_000003").resolve()

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from steprl.errors import RunAborted
+from steprl.errors import RunAborted, UserError
 from steprl.training.lora import is_adapter_checkpoint, is_peft, load_adapter_checkpoint, save_adapters
 
 MANIFEST = "manifest.json"
@@ -200,13 +200,36 @@ def load_model_weights(model: Any, path: Path) -> None:
         )
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """What `steprl eval` accepts: a checkpoint directory, `checkpoints/`, or a run directory."""
+class CheckpointNotUsable(UserError):
+    """A checkpoint named on the command line that is missing, incomplete or corrupt."""
+
+
+def resolve_checkpoint(path: Path, warn: Callable[[str], None]) -> Path:
+    """What `steprl eval PATH` evaluates, verified against its manifest as a resume is:
+
+    * a checkpoint (`checkpoints/step_N`, or `checkpoints/latest`): itself; one that fails its
+      manifest is refused (`CheckpointNotUsable`, one line): it was asked for by name;
+    * a run directory or its `checkpoints/`: the newest checkpoint that verifies (`find_checkpoint`:
+      a corrupt one falls back to the previous complete one, with a warning)."""
     path = Path(path)
-    for candidate in (path, path / LATEST, path / "checkpoints" / LATEST):
-        if (candidate / "config.yaml").is_file():
-            return candidate.resolve()
-    return path
+    if (path / MANIFEST).is_file():
+        problem = verify(path)
+        if problem is not None:
+            raise CheckpointNotUsable(
+                f"checkpoint {path} is corrupt: {problem}; evaluate another checkpoint, or the run "
+                "directory (its newest checkpoint that verifies)"
+            )
+        return path.resolve()
+    for root in (path / "checkpoints", path):
+        if complete_checkpoints(root):
+            found = find_checkpoint(root, warn)
+            if found is None:
+                raise CheckpointNotUsable(f"{path}: no checkpoint under {root} verifies (see the warnings)")
+            return found.resolve()
+    raise CheckpointNotUsable(
+        f"{path} is not a checkpoint (no {MANIFEST}) or a run directory with a complete one; pass "
+        "runs/<name> or runs/<name>/checkpoints/step_N"
+    )
 
 
 def load_checkpoint_model(path: Path, dtype: torch.dtype = torch.float32) -> Any:
