@@ -11,10 +11,16 @@ and prices every step (`rewards.py`). The two error channels of `base.py` stay a
   trajectory `infra_failed` instead of training on a broken environment (reliability ENV-11).
 
 Tools are called synchronously; an async tool needs an env whose `step` is async.
+
+Per-episode state without subclassing: pass ``episode=make_state`` and ``make_state(task, seed)``
+runs at every `reset`; a tool function or verifier that declares a parameter named ``state``
+gets its return value (a secret number, a database handle), hidden from the tool's schema, and
+the state's ``close()``, if it has one, runs when the episode's env is closed or reset.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -32,8 +38,13 @@ from steprl.envs.parsing import (
 from steprl.envs.rewards import RewardBreakdown, RewardConfig, step_rewards
 from steprl.types import Task
 
-#: Scores an answer: (answer text, task) -> outcome reward in [0, 1].
-Verifier = Callable[[str, Task], float]
+#: Scores an answer: (answer text, task) -> outcome reward in [0, 1]; one that declares a
+#: parameter named ``state`` also gets the episode's state (see `ToolEnv`'s ``episode``).
+Verifier = Callable[..., float]
+
+#: Builds an episode's state at `reset`: (task, seed) -> anything the tools read.
+EpisodeState = Callable[[Task, int], Any]
+
 
 _MAX_ERROR_CHARS = 160  # error texts are observations: keep them short for small models
 
@@ -53,6 +64,15 @@ class FunctionTool:
 
     def __call__(self, **kwargs: Any) -> str:
         return self.fn(**kwargs)
+
+
+def takes_state(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` declares a parameter named ``state`` (a `FunctionTool` is looked through)."""
+    target = fn.fn if isinstance(fn, FunctionTool) else fn
+    try:
+        return "state" in inspect.signature(target).parameters
+    except (TypeError, ValueError):  # builtins without a signature take no state
+        return False
 
 
 def tag_argument(tool: Tool) -> str | None:
@@ -225,6 +245,8 @@ class ToolEnv(ToolEpisode):
         tag_tools: tool name -> argument name for tag-style calls; {} turns tag style off.
         format_hint: appended to parse errors, e.g. "use <calc>a+b</calc> or <answer>n</answer>".
         max_observation_chars: tool results longer than this are cut (head + tail + marker).
+        episode: (task, seed) -> the episode's state, built at every `reset` and passed as
+            ``state=`` to each tool function and to the verifier that declares ``state``.
     """
 
     def __init__(
@@ -238,6 +260,7 @@ class ToolEnv(ToolEpisode):
         tag_tools: Mapping[str, str] | None = None,
         format_hint: str | None = None,
         max_observation_chars: int = 2048,
+        episode: EpisodeState | None = None,
     ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
@@ -262,6 +285,11 @@ class ToolEnv(ToolEpisode):
         self.system_prompt: str = (
             system_prompt if system_prompt is not None else render_system_prompt(tools, self.syntax)
         )
+        self.episode = episode
+        # decided once: which callables get the episode's state (the schema never shows it)
+        self._stateful = frozenset(t.name for t in tools if takes_state(t))
+        self._verifier_stateful = takes_state(verifier)
+        self._state: Any = None
         self._task: Task | None = None
         self._done = True
         self._invalid = 0
@@ -269,7 +297,9 @@ class ToolEnv(ToolEpisode):
 
     def reset(self, task: Task, seed: int) -> Observation:
         """Start an episode on `task`; the first observation is the task's prompt."""
+        self._close_state()
         self._task, self._done, self._invalid, self._turn = task, False, 0, 0
+        self._state = self.episode(task, seed) if self.episode is not None else None
         return Observation(text=task.prompt, info={"task_id": task.id, "seed": seed})
 
     def step(self, action: str) -> Transition:
@@ -283,7 +313,8 @@ class ToolEnv(ToolEpisode):
         if isinstance(parsed, InvalidAction):
             return self._invalid_action(parsed.reason)
         if isinstance(parsed, FinalAnswer):
-            score = self.verifier(parsed.text, self._task)
+            extra = {"state": self._state} if self._verifier_stateful else {}
+            score = self.verifier(parsed.text, self._task, **extra)
             self._done = True
             return self._transition(
                 "", step_rewards("answer", self.rewards, outcome=score), terminated=True, kind="answer"
@@ -291,8 +322,15 @@ class ToolEnv(ToolEpisode):
         return self._call(parsed)
 
     def close(self) -> None:
-        """Nothing to release; safe to call any number of times."""
+        """Releases the episode's state (its ``close()``); safe to call any number of times."""
+        self._close_state()
         self._task, self._done = None, True
+
+    def _close_state(self) -> None:
+        state, self._state = self._state, None
+        closer = getattr(state, "close", None)
+        if callable(closer):
+            closer()
 
     def _call(self, call: ToolCall) -> Transition:
         tool = self.tools[call.name]
@@ -300,7 +338,9 @@ class ToolEnv(ToolEpisode):
         error = check_arguments(call.arguments, tool.parameters)
         if error is None:
             try:
-                out = tool(**call.arguments)
+                # the env's state wins over a model-sent "state" argument
+                extra = {"state": self._state} if call.name in self._stateful else {}
+                out = tool(**{**call.arguments, **extra})
             except ToolError as exc:
                 error = str(exc) or "tool error"
             else:
