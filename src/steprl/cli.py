@@ -196,7 +196,8 @@ def check_env_cmd(
 def check_template_cmd(
     model: str = typer.Argument(
         ...,
-        help="What model.name takes: tiny, qwen3-testbed, gemma-3-270m, a HF directory or a .gguf file.",
+        help="What model.name takes: tiny, qwen3-testbed, gemma-3-270m, a HF directory, a Hub id (org/name) "
+        "or a .gguf file.",
     ),
     conversations: Path | None = typer.Option(
         None, help='A JSONL file of {"tools": [...], "messages": [...]} conversations to check instead.'

@@ -111,8 +111,8 @@ class LoraSection(_Section):
 
 
 class ModelSection(_Section):
-    # "tiny" (embedded, built locally), a local Hugging Face model directory, a .gguf file, or
-    # "gemma-3-270m" (the real model of the `gemma` extra; converted once into cache_dir)
+    # "tiny" (embedded, built locally), a local Hugging Face model directory, a Hub id (org/name:
+    # through the Hub's cache, HF_HOME), a .gguf file, or "gemma-3-270m" (the `gemma` extra's model)
     name: str = "tiny"
     device: str = "cpu"
     init: Literal["sft", "scratch", "pretrained"] = "sft"  # "sft": a warm start on demonstrations (cached)

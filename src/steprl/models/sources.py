@@ -1,6 +1,9 @@
 """Where a real policy's weights and tokenizer come from: `model.name` other than "tiny".
 
 - a local Hugging Face directory (`save_pretrained` output): loaded as is;
+- a Hugging Face Hub id (`Qwen/Qwen2.5-0.5B-Instruct`, when no such local path exists): through
+  the Hub's own cache (`HF_HOME`, `HF_HUB_CACHE`), downloaded first when it is not there and the
+  Hub can be reached; offline (`HF_HUB_OFFLINE=1`) and not cached is one line that says so;
 - a `.gguf` file: dequantised once into a safetensors directory under `cache_dir` (keyed by the
   file's path, size and mtime), then loaded from there. Transformers' GGUF loader marks the
   model as quantised, which makes it refuse `save_pretrained` and not train; the cache is a
@@ -20,6 +23,7 @@ import gc
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -52,6 +56,11 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: A directory holding none of these has no tokenizer AutoTokenizer could load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 GEMMA3_MODEL_TYPES = ("gemma3", "gemma3_text")
+#: `org/name`: a Hugging Face Hub model id (taken as one only when no such local path exists).
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+#: What a causal LM needs from a Hub repo: config, safetensors weights, tokenizer, template (not
+#: the other formats a repo may also hold: .bin, ONNX, GGUF, ...).
+HUB_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
 
 Log = Callable[[str], None]
 
@@ -85,13 +94,18 @@ def load_pretrained(
         directory = gemma_dir(cache, log)
         source, base_name = f"{GEMMA_NAME} (converted, {directory})", GEMMA_NAME
         log(GEMMA_TERMS.format(dir=directory))
+    elif is_hub_id(name):
+        directory = hub_snapshot(name, log)
+        check_hf_dir(directory)
+        # the snapshot directory, not the id: a LoRA checkpoint names its base by a directory
+        source, base_name = f"{name} (Hugging Face Hub cache, {directory})", str(directory)
     else:
         path = Path(name).expanduser()
         if not path.exists():
             raise ModelLoadError(
-                f"model.name={name!r} is not 'tiny', {GEMMA_NAME!r}, a local Hugging Face model directory "
-                "or a .gguf file: no such path (weights are not downloaded at run time; save a model with "
-                "model.save_pretrained(dir) and tokenizer.save_pretrained(dir), then set model.name=dir)"
+                f"model.name={name!r} is not 'tiny', {GEMMA_NAME!r}, a local Hugging Face model directory, "
+                "a .gguf file or a Hugging Face Hub id (org/name): no such path; save a model with "
+                "model.save_pretrained(dir) and tokenizer.save_pretrained(dir), then set model.name=dir"
             )
         base_name = str(path.resolve())
         if path.is_file() and path.suffix == ".gguf":
@@ -119,6 +133,55 @@ def load_pretrained(
         log("chat template: steprl's Gemma 3 template (the tokenizer has none)")
     _set_special_tokens(tokenizer, model, log)
     return Loaded(model, tokenizer, source, base_name)
+
+
+def is_hub_id(name: str) -> bool:
+    """`org/name` that names no local path: a Hugging Face Hub model id."""
+    return HUB_ID.fullmatch(name) is not None and ".." not in name and not Path(name).exists()
+
+
+def hub_snapshot(repo_id: str, log: Log) -> Path:
+    """The Hub model `repo_id` as a local directory, through the Hub's own cache (`HF_HOME`,
+    `HF_HUB_CACHE`): downloaded (or brought up to date) when the Hub can be reached; with
+    `HF_HUB_OFFLINE=1` or no network, the cached snapshot of `main`. A model that is neither
+    cached nor downloadable is a `ModelLoadError` that says why."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    t0 = time.perf_counter()
+    where = f"model.name={repo_id!r} (no such local path; a Hugging Face Hub id)"
+    try:
+        directory = Path(snapshot_download(repo_id, allow_patterns=list(HUB_FILES)))
+    except LocalEntryNotFoundError as err:  # also an incomplete snapshot
+        why = (
+            "HF_HUB_OFFLINE=1 is set"
+            if constants.HF_HUB_OFFLINE
+            else f"the Hub cannot be reached ({_first_line(err.__cause__ or err)})"
+        )
+        raise ModelLoadError(
+            f"{where} is not in the Hub cache {constants.HF_HUB_CACHE} and cannot be downloaded: {why}; "
+            f"download it once where the Hub can be reached (`hf download {repo_id}`, with HF_HUB_OFFLINE "
+            "unset), or point HF_HUB_CACHE at a cache that has it, or model.name at a local directory"
+        ) from None
+    except GatedRepoError:
+        raise ModelLoadError(
+            f"{where} is gated: accept its terms on huggingface.co/{repo_id}, then log in (`hf auth login`)"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(
+            f"{where}: no such model on the Hub (a private one needs `hf auth login`); check the spelling, "
+            "or point model.name at a local directory"
+        ) from None
+    except (HfHubHTTPError, HFValidationError) as err:
+        raise ModelLoadError(f"{where}: {type(err).__name__}: {_first_line(err)}") from None
+    log(f"{repo_id}: Hugging Face Hub snapshot {directory} ({time.perf_counter() - t0:.1f}s)")
+    return directory
 
 
 def check_device_dtype(device: str, dtype: str) -> None:

@@ -2,7 +2,7 @@
 
 MODEL is what `model.name` takes: "tiny" (the plain format: the tiny model has no template),
 "qwen3-testbed" (the real Qwen3 tokenizer and template), "gemma-3-270m", a Hugging Face model
-directory, or a `.gguf` file. Only the tokenizer is loaded (and for a GGUF or gemma-3-270m, the
+directory, a Hugging Face Hub id (org/name, through the Hub's cache), or a `.gguf` file. Only the tokenizer is loaded (and for a GGUF or gemma-3-270m, the
 one-time conversion runs if it has not).
 """
 
@@ -20,6 +20,8 @@ from steprl.models.sources import (
     check_hf_dir,
     gemma_dir,
     gguf_cache_dir,
+    hub_snapshot,
+    is_hub_id,
     load_pretrained,
     read_chat_template,
 )
@@ -43,6 +45,10 @@ def load_tokenizer(name: str, cache_dir: str, log: Callable[[str], None]) -> Any
         return qwen3_testbed.load_tokenizer()
     if name == GEMMA_NAME:
         return AutoTokenizer.from_pretrained(gemma_dir(Path(cache_dir), log))
+    if is_hub_id(name):
+        directory = hub_snapshot(name, log)
+        check_hf_dir(directory)
+        return AutoTokenizer.from_pretrained(directory)
     path = Path(name).expanduser()
     if (
         path.is_file()
