@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
 import os
+import platform
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,9 @@ class SandboxCapabilities:
     """Which guarantees this host enforces. `problems` maps a missing one to why + how to fix.
 
     Guarantees: bwrap, python, user_namespace, pid_namespace, net_namespace, tmpfs_size,
-    rlimits, per_run_uid.
+    rlimits, per_run_uid, seccomp. `tmpfs_size`: all the code can write (every writable mount
+    together; as root, inodes too) is `SandboxLimits.tmpfs_bytes`. `seccomp`: memory outside
+    any file system (memfd, System V IPC, message queues) cannot be made.
     """
 
     bwrap: str | None
@@ -32,6 +36,7 @@ class SandboxCapabilities:
     tmpfs_size: bool
     rlimits: bool
     per_run_uid: bool
+    seccomp: bool = False
     problems: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -47,10 +52,15 @@ class SandboxCapabilities:
 _PROBE = r"""
 import json, os, resource
 st = os.statvfs("/tmp")
+try:
+    memfd = os.close(os.memfd_create("probe")) or "made"
+except OSError as e:
+    memfd = e.errno
 print(json.dumps({
     "uid": os.getuid(), "pids": sum(p.isdigit() for p in os.listdir("/proc")),
     "ifaces": [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]],
     "tmp": st.f_blocks * st.f_frsize, "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0],
+    "dev": os.access("/dev", os.W_OK), "memfd": memfd,
 }))
 """
 
@@ -68,7 +78,7 @@ def probe_capabilities(bwrap: str | None = None, python: str = "/usr/bin/python3
 def _probe(bwrap: str, python: str) -> SandboxCapabilities:
     problems: list[tuple[str, str]] = []
     path = shutil.which(bwrap)
-    tools = all(shutil.which(t) for t in ("setpriv", "prlimit", "unshare"))
+    tools = all(shutil.which(t) for t in ("setpriv", "prlimit", "unshare", "mount"))
     blocker = None  # why nothing at all can be confined
     if path is None:
         blocker = f"bubblewrap (`{bwrap}`) not found, nothing is confined; {FIX_BWRAP}"
@@ -80,14 +90,15 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         )
         problems.append(("python", blocker))
     elif not tools:
-        blocker = f"setpriv/prlimit/unshare missing, so no uid drop and no rlimits; {FIX_UTIL}"
+        blocker = f"setpriv/prlimit/unshare/mount missing, so no uid drop and no rlimits; {FIX_UTIL}"
     per_run_uid = os.geteuid() == 0 and tools
     if os.geteuid() != 0:
         problems.append(
             (
                 "per_run_uid",
                 "not root: all runs share this user's uid, so RLIMIT_NPROC cannot "
-                "bound a fork bomb; run the sandbox host as root",
+                "bound a fork bomb, and the working dir's file count (kernel memory) has no "
+                "bound (only its bytes have); run the sandbox host as root",
             )
         )
     found: dict[str, Any] = {}
@@ -104,8 +115,17 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         "user_namespace": (found.get("uid") == INNER_ID, f"no user namespace, non-root uid; {FIX_USERNS}"),
         "pid_namespace": (found.get("pids") in (1, 2), f"host processes are visible; {new}"),
         "net_namespace": (found.get("ifaces") == ["lo"], f"host network interfaces are visible; {new}"),
-        "tmpfs_size": (found.get("tmp") == 8 * MIB, f"tmpfs --size ignored: disk fill unbounded; {new}"),
+        "tmpfs_size": (
+            found.get("tmp") == 8 * MIB and found.get("dev") is False,
+            f"tmpfs --size ignored or /dev writable: disk fill unbounded; {new}",
+        ),
         "rlimits": (found.get("fsize") == 3 * MIB, f"rlimits were not applied; {FIX_UTIL}"),
+        "seccomp": (
+            found.get("memfd") == errno.EPERM,
+            f"memfd_create and System V IPC are not refused on {platform.machine()} (no syscall "
+            "table in envs/sandbox/seccomp.py): memory outside the tmpfs is bounded only by "
+            "RLIMIT_FSIZE x RLIMIT_NOFILE x RLIMIT_NPROC",
+        ),
     }
     for name, (holds, why) in checks.items():
         if blocker is not None or not holds:
@@ -124,5 +144,6 @@ def _probe(bwrap: str, python: str) -> SandboxCapabilities:
         tmpfs_size=ok["tmpfs_size"],
         rlimits=ok["rlimits"],
         per_run_uid=ok["per_run_uid"],
+        seccomp=ok["seccomp"],
         problems=tuple(problems),
     )

@@ -12,6 +12,7 @@ import math
 import os
 import random
 import select
+import shlex
 import shutil
 import signal as _signal
 import subprocess
@@ -23,9 +24,11 @@ from typing import Any
 
 from steprl.envs.sandbox.capture import Capture, Outbox, exec_result, pump
 from steprl.envs.sandbox.limits import FIX_UTIL, ErrorKind, ExecResult, SandboxLimits, SandboxUnavailable
+from steprl.envs.sandbox.seccomp import deny_filter
 
 INNER_ID = 1000  # uid/gid the code sees inside its user namespace (not 65534, the overflow id)
 _HELPER_PROCS = 2  # bwrap's outer monitor and the namespace's init count against RLIMIT_NPROC
+_SECCOMP = deny_filter()  # None on a machine without a syscall table there (the probe says so)
 
 
 def _children(pid: int) -> list[int]:
@@ -117,6 +120,18 @@ def _popen_from_spawner(argv: list[str], kw: dict[str, Any]) -> subprocess.Popen
     return _SPAWNER.submit(lambda: subprocess.Popen(argv, **kw)).result()
 
 
+def _memfd(name: str, data: bytes) -> int:
+    """A file in memory holding `data`, read from its start (nothing on the host disk)."""
+    fd = os.memfd_create(name)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _which(tool: str) -> str:
     return shutil.which(tool) or tool
 
@@ -127,6 +142,25 @@ _BWRAP_FLAGS = (
     "--hostname sandbox --clearenv --setenv PATH /usr/bin:/bin --setenv HOME /tmp --setenv LANG C.UTF-8 "
     "--proc /proc --dev /dev"
 ).split()
+
+#: Where, in the sandbox's private mount namespace, the one writable tmpfs is mounted before bwrap
+#: binds it (FHS: "mount point for a temporarily mounted filesystem"; the host never sees it).
+MOUNT_AT = "/mnt"
+
+
+def _prepare_script() -> str:
+    """What runs as root in the sandbox's new mount namespace (not the host's), before the uid
+    drop. Arguments: `$1` bytes, `$2` inodes, `$3` the run's uid, then bwrap's command line.
+
+    One tmpfs, sized in bytes and in inodes, is all the code can write: bwrap binds it at /tmp
+    and at /dev/shm, and makes /dev itself read-only (bwrap's --dev is a tmpfs of its own with
+    no size: 2.2 GB of host memory were written there). bwrap alone cannot size inodes.
+    """
+    mount, setpriv = shlex.quote(_which("mount")), shlex.quote(_which("setpriv"))
+    return (
+        f'{mount} -t tmpfs -o "size=$1,nr_inodes=$2,mode=0755,uid=$3,gid=$3,nosuid,nodev" steprl-sandbox '
+        f'{MOUNT_AT} && u=$3 && shift 3 && exec {setpriv} --reuid="$u" --regid="$u" --clear-groups -- "$@"'
+    )
 
 
 class Runner:
@@ -177,8 +211,11 @@ class Runner:
                 self._in_use.discard(uid)
                 self._uid_cv.notify()
 
-    def argv(self, limits: SandboxLimits, uid: int | None, code_fd: int, status_fd: int) -> list[str]:
-        """[setpriv --pdeathsig] > prlimit > [unshare --pid --setuid] > bwrap > python3 -I main.py.
+    def argv(
+        self, limits: SandboxLimits, uid: int | None, code_fd: int, status_fd: int, seccomp_fd: int | None
+    ) -> list[str]:
+        """[setpriv --pdeathsig] > prlimit > [unshare --pid --mount > sh: mount, setpriv --reuid]
+        > bwrap > python3 -I main.py.
 
         Each helper execs the next. As root, the outer bwrap runs as PID 1 of its own PID
         namespace (see `kill_sandbox`) under the run's uid; otherwise bwrap runs as this user.
@@ -193,7 +230,10 @@ class Runner:
             f"--nofile={limits.open_files}",
             "--core=0",
         ]
-        if uid is not None:  # NPROC only with a per-run uid: a shared uid counts the harness's processes
+        if uid is None:  # no root, no mount of our own: bwrap's sized tmpfs, no inode count, no /dev/shm
+            head += ["--"]
+            writable = f"--size {limits.tmpfs_bytes} --tmpfs /tmp"
+        else:  # NPROC only with a per-run uid: a shared uid counts the harness's processes
             head = [
                 _which("setpriv"),
                 "--pdeathsig=KILL",
@@ -203,20 +243,27 @@ class Runner:
                 "--",
                 _which("unshare"),
                 "--pid",
+                "--mount",
                 "--fork",
                 "--kill-child",
-                "--setuid",
-                str(uid),
-                "--setgid",
+                "--",
+                "/bin/sh",
+                "-c",
+                _prepare_script(),
+                "steprl-sandbox",
+                str(limits.tmpfs_bytes),
+                str(limits.tmpfs_inodes),
                 str(uid),
             ]
+            writable = f"--bind {MOUNT_AT} /tmp --bind {MOUNT_AT} /dev/shm"
         box = (
-            f"--size {limits.tmpfs_bytes} --tmpfs /tmp --chdir /tmp --ro-bind-data {code_fd} "
+            f"{writable} --remount-ro /dev --chdir /tmp --ro-bind-data {code_fd} "
             f"/sandbox/main.py --remount-ro / --json-status-fd {status_fd}"
         ).split()
+        if seccomp_fd is not None:
+            box += ["--seccomp", str(seccomp_fd)]
         return [
             *head,
-            "--",
             self.bwrap,
             *_BWRAP_FLAGS,
             *self._binds,
@@ -235,27 +282,27 @@ class Runner:
                 "refusing to run sandboxed code as root without a per-run uid drop: "
                 f"RLIMIT_NPROC would not bind a fork bomb; {FIX_UTIL}"
             )
-        code_fd = os.memfd_create("steprl-code")  # no argv size limit, nothing on the host disk
+        code_fd = _memfd("steprl-code", code.encode("utf-8", "surrogatepass"))  # no argv size limit
+        seccomp_fd = _memfd("steprl-seccomp", _SECCOMP) if _SECCOMP is not None else None
+        fds = (code_fd, seccomp_fd) if seccomp_fd is not None else (code_fd,)
         status_r, status_w = os.pipe()
         try:
-            os.write(code_fd, code.encode("utf-8", "surrogatepass"))
-            os.lseek(code_fd, 0, os.SEEK_SET)
             kw: dict[str, Any] = dict(
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env={},
-                pass_fds=(code_fd, status_w),
+                pass_fds=(*fds, status_w),
                 start_new_session=True,
             )
-            argv = self.argv(limits, uid, code_fd, status_w)
+            argv = self.argv(limits, uid, code_fd, status_w, seccomp_fd)
             proc = _popen_from_spawner(argv, kw) if session else subprocess.Popen(argv, **kw)
         except BaseException:
             os.close(status_r)
             raise
         finally:
-            os.close(code_fd)
-            os.close(status_w)
+            for fd in (*fds, status_w):
+                os.close(fd)
         return proc, status_r
 
     def execute(self, code: str, stdin: str, limits: SandboxLimits, uid: int | None) -> ExecResult:
