@@ -38,7 +38,7 @@ from steprl.envs.registry import make_tasks
 from steprl.hosting.backend import make_backend
 from steprl.hosting.client import RemoteEnv, RemoteEnvError, RetryPolicy
 from steprl.hosting.coalesce import Coalescers
-from steprl.hosting.http_backend import HttpEnvBackend
+from steprl.hosting.http_backend import EnvServerError, HttpEnvBackend
 from steprl.hosting.local_server import free_port
 from steprl.rollout.chat import PlainFormat
 from steprl.types import EndReason
@@ -107,12 +107,17 @@ def test_env01_http_backend_from_runtime_owns_a_local_server(tokenizer):
 def test_http_backend_from_runtime_connects_to_a_running_server(server, monkeypatch):
     runtime = RuntimeSection(backend="http", env_server_url=server.url, env_token_var="MY_ENV_TOKEN")
     monkeypatch.delenv("MY_ENV_TOKEN", raising=False)
-    with pytest.raises(ValueError, match="MY_ENV_TOKEN"):
+    with pytest.raises(EnvServerError, match="MY_ENV_TOKEN is empty: export the server's bearer token"):
         make_backend("fault_count", {}, runtime)
     monkeypatch.setenv("MY_ENV_TOKEN", "wrong-token-but-long-enough")
-    with pytest.raises(RemoteEnvError, match="401"):
-        make_backend("fault_count", {}, runtime)  # the startup probe fails fast
+    with pytest.raises(EnvServerError, match=r"refused the token in MY_ENV_TOKEN \(HTTP 401\)"):
+        make_backend("fault_count", {}, runtime)  # the startup probe fails fast, as one line
+    nobody = runtime.model_copy(update={"env_server_url": f"http://127.0.0.1:{free_port()}"})
+    with pytest.raises(EnvServerError, match="cannot reach env server .* fix runtime.env_server_url"):
+        make_backend("fault_count", {}, nobody)
     monkeypatch.setenv("MY_ENV_TOKEN", server.token)
+    with pytest.raises(EnvServerError, match="cannot serve env 'no_such_env': unknown env"):
+        make_backend("no_such_env", {}, runtime)
     backend = make_backend("fault_count", {}, runtime)
     assert backend.make_env(fault_task()).stop_strings == ("</answer>",)
     backend.close()

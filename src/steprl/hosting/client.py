@@ -62,12 +62,16 @@ _COALESCED = frozenset({"create", "reset", "step", "close"})
 
 class RemoteEnvError(InfraError):
     """The env server refused or failed a call. `status` is the HTTP status (None: no answer,
-    e.g. the server is unreachable); `type` the error envelope's type ("not_found", ...)."""
+    e.g. the server is unreachable); `type` the error envelope's type ("not_found", ...);
+    `detail` the server's own message, when it sent one."""
 
-    def __init__(self, message: str, *, status: int | None = None, type_: str = "transport") -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, type_: str = "transport", detail: str = ""
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.type = type_
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,9 @@ def error_from(answer: Answer, what: str) -> RemoteEnvError:
     except ValueError:
         type_, message = "http_error", answer.text
     status = answer.status
-    return RemoteEnvError(f"{what}: HTTP {status} {type_}: {message}", status=status, type_=type_)
+    return RemoteEnvError(
+        f"{what}: HTTP {status} {type_}: {message}", status=status, type_=type_, detail=message
+    )
 
 
 class RemoteEnv:

@@ -38,6 +38,13 @@ def serve_env(
     max_body_bytes: int = typer.Option(1 << 20, help="Largest request body in bytes (413 beyond)."),
     plugin: list[str] = typer.Option([], "--plugin", help="Module to import first (registers envs)."),
     insecure_bind: bool = typer.Option(False, "--insecure-bind", help="Allow a non-loopback --host."),
+    allow_import_paths: bool = typer.Option(
+        False,
+        "--allow-import-paths",
+        help="Also serve envs a request names by import path (pkg.module:attr) or family (gym, mcp): "
+        "any token holder can then run any code as this user. Default: registered envs only "
+        "(built-ins, --plugin modules, installed 'steprl.envs' entry points).",
+    ),
     keep_alive: int = typer.Option(5, help="Seconds an idle keep-alive connection stays open."),
     header_timeout: float = typer.Option(10.0, help="Seconds a request's headers may take (slowloris)."),
     body_timeout: float = typer.Option(30.0, help="Seconds a request's body may take after its headers."),
@@ -47,7 +54,12 @@ def serve_env(
         None, help="Sync env calls in flight at once (503 beyond); default max-instances + 16."
     ),
 ) -> None:
-    """Serve every registered environment over HTTP (bearer token, loopback only by default)."""
+    """Serve every registered environment over HTTP (bearer token, loopback only by default).
+
+    Registered means a built-in, one a --plugin module registers, or a name an installed package
+    gives in the 'steprl.envs' entry-point group: what this server's operator chose to install.
+    A request that names an import path or a family (gym, mcp) is refused (403) unless the
+    server runs with --allow-import-paths."""
     require_extra("serve", feature="steprl serve-env")
     from steprl.hosting.server import serve
     from steprl.hosting.settings import Settings, is_loopback
@@ -77,6 +89,7 @@ def serve_env(
             handler_timeout_s=handler_timeout,
             max_body_bytes=max_body_bytes,
             insecure_bind=insecure_bind,
+            allow_import_paths=allow_import_paths,
             keep_alive_s=keep_alive,
             header_timeout_s=header_timeout,
             body_timeout_s=body_timeout,

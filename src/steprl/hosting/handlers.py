@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from steprl.envs.registry import get_spec
+from steprl.envs.registry import ENVS, FAMILIES, get_spec
 from steprl.errors import UserError
 from steprl.hosting.instances import (
     Instance,
@@ -180,6 +180,9 @@ async def do_create(state: ServerState, body: CreateRequest) -> CreateResponse:
 
 async def _build(state: ServerState, body: CreateRequest) -> CreateResponse:
     """Build the env on a worker thread under the handler deadline."""
+    refused = env_refusal(body.env, state.settings.allow_import_paths)
+    if refused is not None:
+        raise ServeError(403, "env_not_served", refused)
     try:
         spec = get_spec(body.env, body.params)
     except UserError as err:  # unknown name, a plugin path that does not import, bad family params
@@ -215,6 +218,26 @@ async def _build(state: ServerState, body: CreateRequest) -> CreateResponse:
         raise env_failed(None, f"{body.env!r} stop_strings/system_prompt", exc) from None
     inst = state.table.add(body.env, env)
     return CreateResponse(instance_id=inst.id, stop_strings=stop_strings, system_prompt=system_prompt)
+
+
+def env_refusal(name: str, allow_import_paths: bool) -> str | None:
+    """Why the server will not build env `name` for a request, or None. A name the operator
+    registered (built-ins, --plugin modules, an import path already loaded) or an installed
+    entry point is served; an import path or a family runs code the *request* names (a module
+    to import, a command to start), so it needs --allow-import-paths."""
+    if allow_import_paths or name in ENVS:
+        return None
+    if ":" in name:
+        what = f"env {name!r} is an import path: importing the module a request names runs any code"
+    elif name in FAMILIES:
+        what = f"env {name!r} is a family whose params name the code to run (a module or a command)"
+    else:
+        return None
+    return (
+        f"{what}, so this server serves registered envs only. Register the env in a module the server "
+        "imports (steprl serve-env --plugin my_envs) or an installed 'steprl.envs' entry point, or "
+        "start the server with --allow-import-paths if every token holder may run code on it"
+    )
 
 
 def _close_late_env(state: ServerState) -> Callable[[Any], None]:

@@ -4,7 +4,8 @@
     env = backend.make_env(task)          # a RemoteEnv (client.py); no I/O yet
 
 `from_runtime` connects to `runtime.env_server_url`, or starts a loopback server for the run
-(`LocalEnvServer`); `probe` fails fast on a wrong URL, token, env or params. By default the
+(`LocalEnvServer`); `probe` fails fast on a wrong URL, token, env or params, which
+`from_runtime` reports as one line naming what to fix (`EnvServerError`). By default the
 backend's envs share `Coalescers`: the calls they make in one event-loop tick travel as one
 `POST /v1/batch` (`coalesce.py`).
 """
@@ -18,10 +19,17 @@ from typing import Any
 
 import httpx
 
+from steprl.envs.registry import FAMILIES
+from steprl.errors import UserError
 from steprl.hosting.client import RemoteEnv, RemoteEnvError, RetryPolicy, error_from, parse_answer
 from steprl.hosting.coalesce import Coalescers, answer_from
 from steprl.hosting.protocol import CreateRequest, CreateResponse
 from steprl.types import Task
+
+
+class EnvServerError(UserError):
+    """The env server of `runtime.env_server_url` cannot serve this run: no token, unreachable,
+    the token or the env refused. One line (the CLI's exit 2) that says what to fix."""
 
 
 class HttpEnvBackend:
@@ -96,7 +104,9 @@ class HttpEnvBackend:
                 created = parse_answer(CreateResponse, response.json(), f"probing {what}")
                 c.delete(f"/v1/envs/{created.instance_id}")
             except httpx.HTTPError as exc:
-                raise RemoteEnvError(f"probing {what}: {type(exc).__name__}: {exc}; is it running?") from None
+                raise RemoteEnvError(
+                    f"cannot reach {what}: {type(exc).__name__}: {exc}; is it running?"
+                ) from None
         self._stop_strings, self._system_prompt = tuple(created.stop_strings), created.system_prompt
 
     def close(self) -> None:
@@ -119,9 +129,10 @@ class HttpEnvBackend:
             url = str(runtime.env_server_url)
             token = os.environ.get(runtime.env_token_var, "")
             if not token:
-                raise ValueError(
+                raise EnvServerError(
                     f"runtime.env_server_url is {url} but the environment variable {runtime.env_token_var} "
-                    "is empty; export the server's token there (see `steprl serve-env`)"
+                    "is empty: export the server's bearer token there (`steprl serve-env` takes it from "
+                    "STEPRL_ENV_TOKEN, or writes a generated one to the file whose path it prints)"
                 )
         else:
             # The server's handler deadline is shorter than the client's call deadline, so a
@@ -132,12 +143,34 @@ class HttpEnvBackend:
                 handler_timeout_s=0.8 * call_timeout,
                 auto_restart=True,
                 plugins=tuple(plugins),
+                # the run's own server, its token the trainer's: it may import what the run names
+                allow_import_paths=":" in env or env in FAMILIES,
             ).start()
             url, token = server.url, server.token
         backend = cls(url, token, env, params, call_timeout_s=call_timeout, server=server)
         try:
             backend.probe()
+        except RemoteEnvError as err:
+            backend.close()
+            raise _startup_error(err, url, env, runtime.env_token_var) from None
         except Exception:
             backend.close()
             raise
         return backend
+
+
+def _startup_error(err: RemoteEnvError, url: str, env: str, token_var: str) -> EnvServerError:
+    """The start-up probe's failure as one line: what is wrong, and which setting fixes it."""
+    if err.status is None:
+        return EnvServerError(
+            f"{err} Start it (steprl serve-env --port PORT), or fix runtime.env_server_url "
+            "(e.g. http://127.0.0.1:8765)"
+        )
+    if err.status == 401:
+        return EnvServerError(
+            f"the env server at {url} refused the token in {token_var} (HTTP 401): export the token "
+            "that server uses (its STEPRL_ENV_TOKEN, or the file `steprl serve-env` printed)"
+        )
+    if err.status in (403, 404, 422):  # the env is not served here, or its params are refused
+        return EnvServerError(f"the env server at {url} cannot serve env {env!r}: {err.detail or err}")
+    return EnvServerError(f"the env server at {url} failed the start-up check for env {env!r}: {err}")

@@ -66,6 +66,7 @@ class LocalEnvServer:
         graceful_shutdown_s: int = 10,
         limit_max_requests: int | None = None,
         max_threads: int | None = None,
+        allow_import_paths: bool = False,
         extra_env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
         auto_restart: bool = False,
@@ -98,6 +99,7 @@ class LocalEnvServer:
             str(graceful_shutdown_s),
             *(["--limit-max-requests", str(limit_max_requests)] if limit_max_requests else []),
             *(["--max-threads", str(max_threads)] if max_threads else []),
+            *(["--allow-import-paths"] if allow_import_paths else []),
             *(arg for module in self.plugins for arg in ("--plugin", module)),
         ]
         self._extra_env = dict(extra_env or {})

@@ -44,6 +44,10 @@ class Settings:
     limit_max_requests: int | None = None  # exit (gracefully) after this many requests: recycling
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides localhost/127.0.0.1/[::1]
     insecure_bind: bool = False  # allow a non-loopback host (then also pass a token you chose)
+    # Also serve envs a request names by import path (package.module:attr) or family (gym, mcp):
+    # their names or params say which module to import or which command to start, so with this
+    # on, any token holder runs any code as the server's user. Off: registered envs only.
+    allow_import_paths: bool = False
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
