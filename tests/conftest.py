@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
 from steprl.models import tiny
+
+# One warm-start cache for the whole suite and every command it starts: the checkout's own
+# .cache/steprl (kept between sessions, made on first use in a fresh clone), never the user's
+# ~/.cache/steprl, whatever STEPRL_CACHE the shell has. A test that sets model.cache_dir keeps
+# its own.
+os.environ["STEPRL_CACHE"] = str(Path(__file__).resolve().parents[1] / ".cache" / "steprl")
 
 
 @pytest.fixture(scope="session")

@@ -106,9 +106,10 @@ def sft(
     set_: list[str] = typer.Option([], "--set", help="Override a key (repeatable)."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """Warm-start the tiny policy on scripted demonstrations (cached under model.cache_dir)."""
+    """Warm-start the tiny policy on scripted demonstrations (cached under model.cache_dir, unset:
+    $STEPRL_CACHE or ~/.cache/steprl; keyed on the config, the env's code and its tasks)."""
     from steprl.training import env_setup
-    from steprl.training.policy import load_policy, sft_cache_dir
+    from steprl.training.policy import load_policy
 
     cfg = _load(config, set_, plugin)
     if cfg.model.name != "tiny":
@@ -117,7 +118,7 @@ def sft(
     with env_setup.env_pool(cfg) as envs:
         env_setup.check_env_starts(envs, env_setup.env_spec(cfg), cfg, console.print)
         policy = load_policy(cfg, log=console.print, make_env=envs.make_env)
-    console.print(f"policy: {policy.source}\nsaved in {sft_cache_dir(cfg)}")
+    console.print(f"policy: {policy.source}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("eval")
@@ -208,8 +209,8 @@ def check_template_cmd(
     context: str | None = typer.Option(
         None, help="Only this context rule (append_only, keep_thinking, strip_thinking)."
     ),
-    cache_dir: str = typer.Option(
-        ".cache/steprl", help="Where converted models are cached (model.cache_dir)."
+    cache_dir: str | None = typer.Option(
+        None, help="Where converted models are cached (model.cache_dir; unset: $STEPRL_CACHE or ~/.cache)."
     ),
 ) -> None:
     """Render multi-turn tool conversations incrementally (as the agent loop does) and whole, and

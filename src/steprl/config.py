@@ -116,7 +116,9 @@ class ModelSection(_Section):
     name: str = "tiny"
     device: str = "cpu"
     init: Literal["sft", "scratch", "pretrained"] = "sft"  # "sft": a warm start on demonstrations (cached)
-    cache_dir: str = ".cache/steprl"
+    # warm starts and converted models; unset: $STEPRL_CACHE, else $XDG_CACHE_HOME/steprl or
+    # ~/.cache/steprl (one per user, wherever a command runs; models/sources.py: cache_root)
+    cache_dir: str | None = None
     dtype: Literal["float32", "bfloat16"] = "float32"  # the learner's weights
     engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # the engine's copy; auto: = dtype
     # how text becomes tokens: "plain" (the tiny model's BOS + text), "chat" (the tokenizer's chat

@@ -2,7 +2,6 @@
 
 * a quoted number in a config is refused with one line (item 11);
 * `check-env` prints a bad task row as one line with exit 2, as `train` does, not a wrapped repr;
-* `check-template` on a tokenizer without a chat template says it checked the plain format;
 * a relative `env.task_file.path` in a config file is relative to that file, so a config runs
   from any directory; one given with `--set` is relative to the working directory.
 
@@ -24,7 +23,10 @@ from steprl.config import load_config
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = '{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "answer": "4"}\n{"prompt": "3+3", "answer": "6", "split": "eval"}\n'
+ROWS = "".join(
+    f'{{"prompt": "{a}+{a}", "answer": "{2 * a}"{split}}}\n'
+    for a, split in ((1, ""), (2, ""), (3, ', "split": "eval"'))
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]
     cases = {
         "quoted": ["check-env", "quoted.yaml"],
         "bad_row": ["check-env", "bad_row.yaml"],
-        "plain": ["check-template", "tiny"],
         "relative": ["check-env", "configs/relative.yaml", "--tasks", "2"],  # run from its parent
     }
     env = {**os.environ, "COLUMNS": "400"}
@@ -63,16 +64,6 @@ def test_check_env_prints_a_bad_task_row_as_one_line_exit_2(runs: dict[str, tupl
     rc, out = runs["bad_row"]
     assert_one_line(rc, out, "bad.jsonl, line 2, field 'prompt'")
     assert "TaskFileError(" not in out and len(out.splitlines()) == 1, out
-
-
-def test_check_template_says_it_checked_the_plain_format(runs: dict[str, tuple[int, str]]) -> None:
-    rc, out = runs["plain"]
-    assert rc == 0, out
-    assert (
-        out.splitlines()[-1]
-        == "check-template tiny: ok (the plain format: the tokenizer has no chat template)"
-    )
-    assert all(line.startswith(("plain format, ", "  ")) for line in out.splitlines()[:-1]), out
 
 
 def test_a_task_file_is_relative_to_its_config_file(runs: dict[str, tuple[int, str]]) -> None:

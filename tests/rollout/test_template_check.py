@@ -179,12 +179,17 @@ def _cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *a
     return (0 if code is None else int(code)), (out.out + out.err).strip()
 
 
-def test_cli_check_template_tiny_passes(
+def test_cli_check_template_tiny_passes_and_says_it_checked_the_plain_format(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out = _cli(monkeypatch, capsys, "check-template", "tiny")
     assert code == 0, out
-    assert out.count("PASS") == 2 and out.splitlines()[-1] == "check-template tiny: ok"
+    # no chat template: what was checked is the plain format, and the verdict says so (issue 23)
+    assert out.count("PASS") == 2 and out.count("\nplain format, ") + out.startswith("plain format, ") == 2
+    assert (
+        out.splitlines()[-1]
+        == "check-template tiny: ok (the plain format: the tokenizer has no chat template)"
+    )
 
 
 def test_cli_check_template_qwen3_passes(

@@ -78,7 +78,13 @@ class Loaded:
 
 
 def load_pretrained(
-    name: str, *, dtype: str, device: str, cache_dir: str | Path, chat_template: str | None, log: Log
+    name: str,
+    *,
+    dtype: str,
+    device: str,
+    cache_dir: str | Path | None,
+    chat_template: str | None,
+    log: Log,
 ) -> Loaded:
     """Load `model.name` (a HF directory, a `.gguf` file or "gemma-3-270m") in `dtype`.
 
@@ -88,7 +94,7 @@ def load_pretrained(
         raise ModelLoadError(f"model.dtype={dtype!r} is not one of {', '.join(DTYPES)}")
     check_device_dtype(device, dtype)
     template = read_chat_template(chat_template) if chat_template else None
-    cache = Path(cache_dir)
+    cache = cache_root(cache_dir)
 
     if name == GEMMA_NAME:
         directory = gemma_dir(cache, log)
@@ -133,6 +139,18 @@ def load_pretrained(
         log("chat template: steprl's Gemma 3 template (the tokenizer has none)")
     _set_special_tokens(tokenizer, model, log)
     return Loaded(model, tokenizer, source, base_name)
+
+
+def cache_root(configured: str | Path | None) -> Path:
+    """Where steprl keeps what it builds once (the tiny model's warm starts, converted models):
+    `model.cache_dir` when set, else `$STEPRL_CACHE`, else `$XDG_CACHE_HOME/steprl`, else
+    `~/.cache/steprl`: one cache per user, whatever directory a command runs from."""
+    if configured:
+        return Path(configured).expanduser()
+    if os.environ.get("STEPRL_CACHE"):
+        return Path(os.environ["STEPRL_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "steprl"  # XDG: absolute only
 
 
 def is_hub_id(name: str) -> bool:

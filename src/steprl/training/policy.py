@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import os
 import re
+import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -18,8 +21,9 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env
+from steprl.envs.spec import EnvSpec
 from steprl.models import qwen3_testbed, tiny
-from steprl.models.sources import DTYPES, check_device_dtype, load_pretrained
+from steprl.models.sources import DTYPES, cache_root, check_device_dtype, load_pretrained
 from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
@@ -28,7 +32,10 @@ from steprl.training.pretrained_sft import warm_start
 from steprl.types import Task
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
-SFT_RECIPE_VERSION = 4  # 4: env text never holds control or call tokens (BAD-09)
+SFT_RECIPE_VERSION = 5  # 4: env text never holds control or call tokens (BAD-09); 5: keyed on code
+#: Written last into a warm start's cache directory: what its key was made of. A directory
+#: without it is not a warm start (a save that was cut short never is: it is renamed in whole).
+WARM_START_KEY = "steprl-warm-start.json"
 
 
 @dataclass
@@ -39,8 +46,26 @@ class Policy:
     base_name: str = ""  # a pretrained base: what model.name loads it again (see models/sources.py)
 
 
-def sft_cache_dir(cfg: Config) -> Path:
-    key = json.dumps(
+@dataclass(frozen=True)
+class WarmStart:
+    """Where the tiny model's warm start for a config is cached, and what its key is made of."""
+
+    path: Path  # <cache root>/tiny-<env>-<key>
+    parts: dict[str, str]  # part -> its digest: recipe and config, env code, tasks
+
+    def describe(self) -> str:
+        return f"key {self.path.name.rsplit('-', 1)[-1]}: " + ", ".join(
+            f"{k} {v}" for k, v in self.parts.items()
+        )
+
+
+def warm_start_cache(cfg: Config, spec: EnvSpec, tasks: list[Task]) -> WarmStart:
+    """The cache of the warm start `cfg` asks for, keyed on everything the warm start depends
+    on: the recipe and the config that shape it, the code of the env, its task generator and its
+    strategies (`_code_digest`: an edited env, generator or strategy is a new warm start), and
+    the demonstrations' tasks themselves (a generator whose output changed, or a task file's
+    rows, however it changed)."""
+    config = json.dumps(
         {
             "recipe": SFT_RECIPE_VERSION,
             "tiny": cfg.model.tiny.model_dump(),
@@ -48,23 +73,48 @@ def sft_cache_dir(cfg: Config) -> Path:
             "env": cfg.env.model_dump(),
             "system_prompt": setup.system_prompt_mode(cfg),  # part of every demonstration's tokens
             "rollout": [cfg.rollout.context, cfg.rollout.keep_last_k, *setup.budgets(cfg)],  # shape demos
-            "task_file": _file_version(cfg.env.task_file.path) if cfg.env.task_file else None,
             "seed": cfg.run.seed,
         },
         sort_keys=True,
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    parts = {
+        "config": _digest([config]),
+        "env code": _code_digest([spec.factory, spec.tasks, *spec.strategies.values()]),
+        f"{len(tasks)} tasks": _digest(repr(t) for t in tasks),
+    }
+    key = _digest(parts.values())
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name)  # an import path or a family id
-    return Path(cfg.model.cache_dir) / f"tiny-{name}-{digest}"
+    return WarmStart(cache_root(cfg.model.cache_dir) / f"tiny-{name}-{key}", parts)
 
 
-def _file_version(path: str) -> list[object]:
-    """Size and mtime of a task file: an edited file gets a fresh warm start, not a stale cache."""
-    try:
-        st = Path(path).stat()
-    except OSError:
-        return [path]  # missing: the task loader says so, with the path
-    return [str(Path(path).resolve()), st.st_size, st.st_mtime_ns]
+def _digest(texts: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _code_digest(objs: Iterable[object]) -> str:
+    """A digest of the source files that define `objs` (classes, functions, partials, callable
+    instances: the file of each one's class or function). Something without a source file (a
+    built-in) counts by its qualified name."""
+    files = set()
+    for obj in objs:
+        fn = getattr(obj, "func", obj)  # functools.partial
+        if not (inspect.isclass(fn) or inspect.isfunction(fn) or inspect.ismethod(fn)):
+            fn = type(fn)  # a callable instance: its class holds the code
+        try:
+            files.add(inspect.getsourcefile(fn) or "")
+        except TypeError:  # built-in
+            files.add(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', fn)}")
+    texts = []
+    for f in sorted(files):
+        try:
+            texts.append(Path(f).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            texts.append(f)
+    return _digest(texts)
 
 
 def load_policy(
@@ -94,28 +144,23 @@ def load_policy(
         policy = Policy(loaded.model, loaded.tokenizer, loaded.source, loaded.base_name)
         return warm_start(policy, cfg, log, make_env)  # LoRA (model.lora), SFT (model.init: sft)
 
-    cache = sft_cache_dir(cfg)
-    if cfg.model.init == "sft" and (cache / "config.json").exists():
-        cached: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
-        return Policy(cached, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
-
-    tokenizer = tiny.build_tokenizer()
-    spec = tiny.TinyModelSpec(**cfg.model.tiny.model_dump())
-    model = tiny.build_model(
-        len(tokenizer),
-        spec,
-        seed=cfg.run.seed,
-        pad_id=tokenizer.pad_token_id,
-        bos_id=tokenizer.bos_token_id,
-        eos_id=tokenizer.eos_token_id,
-    )
     if cfg.model.init != "sft":
-        return Policy(model, tokenizer, "random init")
+        return Policy(*_random_tiny(cfg), "random init")
 
     s = cfg.model.sft
+    env_spec = setup.env_spec(cfg)
+    tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
+    warm = warm_start_cache(cfg, env_spec, tasks)
+    cache = warm.path
+    if (cache / WARM_START_KEY).exists():
+        log(f"SFT warm start: reusing {cache} ({warm.describe()})")
+        cached: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
+        return Policy(cached, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
+    log(f"SFT warm start: none cached for {warm.describe()}; building {cache}")
+
+    model, tokenizer = _random_tiny(cfg)
     if make_env is None:
         raise ValueError("the SFT warm start plays demonstrations: pass make_env (an EnvPool's make_env)")
-    env_spec = setup.env_spec(cfg)
     unknown = sorted({s.skill_strategy, *s.strategies} - set(env_spec.strategies))
     if unknown:  # checked before any work: the mixture phase would fail only after the skills phase
         raise ConfigError(
@@ -124,9 +169,8 @@ def load_policy(
             "'model.sft.strategies={expert: 0.3, random: 0.7}')"
         )
     fmt = setup.prompt_format(cfg, tokenizer)
-    tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
 
-    log(f"SFT warm start of the tiny policy {asdict(spec)}")
+    log(f"SFT warm start of the tiny policy {cfg.model.tiny.model_dump()}")
     for phase, weights, steps, lr in (
         ("skills", {s.skill_strategy: 1.0}, s.skill_steps, s.lr),
         ("mixture", dict(s.strategies), s.steps, s.mix_lr),
@@ -159,11 +203,42 @@ def load_policy(
             pad_id=tokenizer.pad_token_id,
             log=log,
         )
-    cache.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(cache)
-    tokenizer.save_pretrained(cache)
+    _publish(warm, model, tokenizer, log)
     # the run goes on with the policy as the cache holds it (the same weights, bit for bit): a
     # model that was just trained carries state that Ray cannot pickle (rollout workers), and a
     # fresh and a cached warm start are then the same object to everything downstream
     reloaded: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
     return Policy(reloaded, tokenizer, f"fresh SFT (cached to {cache})")
+
+
+def _random_tiny(cfg: Config) -> tuple[Any, Any]:
+    """The tiny model of `model.tiny`, randomly initialised from `run.seed`, and its tokenizer."""
+    tokenizer = tiny.build_tokenizer()
+    model = tiny.build_model(
+        len(tokenizer),
+        tiny.TinyModelSpec(**cfg.model.tiny.model_dump()),
+        seed=cfg.run.seed,
+        pad_id=tokenizer.pad_token_id,
+        bos_id=tokenizer.bos_token_id,
+        eos_id=tokenizer.eos_token_id,
+    )
+    return model, tokenizer
+
+
+def _publish(warm: WarmStart, model: Any, tokenizer: Any, log: Callable[[str], None]) -> None:
+    """Save the warm start beside its cache directory, its key file last, and rename it into
+    place: a killed save never leaves a directory that looks complete, and two runs that build
+    the same key at once both end with one whole copy."""
+    warm.path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = warm.path.with_name(f".{warm.path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / WARM_START_KEY).write_text(json.dumps(warm.parts, indent=1) + "\n")
+    if warm.path.exists() and not (warm.path / WARM_START_KEY).exists():
+        shutil.rmtree(warm.path)  # not a warm start (no key file): nothing to keep
+    try:
+        os.rename(tmp, warm.path)
+    except OSError:  # another process published this key meanwhile: the same warm start
+        shutil.rmtree(tmp, ignore_errors=True)
+        log(f"{warm.path} was written by another process meanwhile; using it")

@@ -2,8 +2,9 @@
 
 MODEL is what `model.name` takes: "tiny" (the plain format: the tiny model has no template),
 "qwen3-testbed" (the real Qwen3 tokenizer and template), "gemma-3-270m", a Hugging Face model
-directory, a Hugging Face Hub id (org/name, through the Hub's cache), or a `.gguf` file. Only the tokenizer is loaded (and for a GGUF or gemma-3-270m, the
-one-time conversion runs if it has not).
+directory, a Hugging Face Hub id (org/name, through the Hub's cache), or a `.gguf` file. Only
+the tokenizer is loaded (and for a GGUF or gemma-3-270m, the one-time conversion runs if it has
+not; a Hub id is downloaded whole when it is not cached).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from steprl.models import qwen3_testbed, tiny
 from steprl.models.sources import (
     GEMMA_NAME,
     MARKER,
+    cache_root,
     check_hf_dir,
     gemma_dir,
     gguf_cache_dir,
@@ -35,7 +37,7 @@ from steprl.rollout.template_check import (
 )
 
 
-def load_tokenizer(name: str, cache_dir: str, log: Callable[[str], None]) -> Any:
+def load_tokenizer(name: str, cache_dir: str | None, log: Callable[[str], None]) -> Any:
     """The tokenizer `model.name=name` would train with."""
     from transformers import AutoTokenizer
 
@@ -44,7 +46,7 @@ def load_tokenizer(name: str, cache_dir: str, log: Callable[[str], None]) -> Any
     if name == qwen3_testbed.NAME:
         return qwen3_testbed.load_tokenizer()
     if name == GEMMA_NAME:
-        return AutoTokenizer.from_pretrained(gemma_dir(Path(cache_dir), log))
+        return AutoTokenizer.from_pretrained(gemma_dir(cache_root(cache_dir), log))
     if is_hub_id(name):
         directory = hub_snapshot(name, log)
         check_hf_dir(directory)
@@ -53,9 +55,9 @@ def load_tokenizer(name: str, cache_dir: str, log: Callable[[str], None]) -> Any
     if (
         path.is_file()
         and path.suffix == ".gguf"
-        and (gguf_cache_dir(path, Path(cache_dir)) / MARKER).exists()
+        and (gguf_cache_dir(path, cache_root(cache_dir)) / MARKER).exists()
     ):
-        return AutoTokenizer.from_pretrained(gguf_cache_dir(path, Path(cache_dir)))
+        return AutoTokenizer.from_pretrained(gguf_cache_dir(path, cache_root(cache_dir)))
     if path.is_dir():
         check_hf_dir(path)
         return AutoTokenizer.from_pretrained(path)
@@ -89,7 +91,7 @@ def run_checks(
     conversations: str | None = None,
     chat_template: str | None = None,
     context: str | None = None,
-    cache_dir: str = ".cache/steprl",
+    cache_dir: str | None = None,
     log: Callable[[str], None] = print,
 ) -> TemplateChecks:
     """The checks, one report per check. With `conversations`, the file's conversations under
