@@ -12,16 +12,21 @@ from pathlib import Path
 STEPRL = str(Path(sys.executable).parent / "steprl")
 
 
-def run_steprl(args: Sequence[str], cwd: Path, program: Sequence[str] = (STEPRL,)) -> tuple[int, str]:
-    """`steprl *args` in `cwd` (or `program *args`): (exit code, stdout + stderr)."""
+def run_steprl(
+    args: Sequence[str],
+    cwd: Path,
+    program: Sequence[str] = (STEPRL,),
+    *,
+    pythonpath: Sequence[Path] = (),
+    timeout: float = 300,
+) -> tuple[int, str]:
+    """`steprl *args` in `cwd` (or `program *args`): (exit code, stdout + stderr). `pythonpath`:
+    directories the command imports from (test envs loaded with --plugin)."""
+    env = {**os.environ, "COLUMNS": "400"}  # rich wraps at the terminal width
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     done = subprocess.run(
-        [*program, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "400"},  # rich wraps at the terminal width
-        check=False,
+        [*program, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False
     )
     return done.returncode, (done.stdout + done.stderr).strip()
 

@@ -6,8 +6,10 @@ those the spec's declared rules relaxed, with why (`relaxed`; see `EnvSpec`):
 
 1. ``api``: the env has every `Env` member the core reads (`system_prompt`, a str;
    `stop_strings`, a sequence of non-empty strings, possibly empty; `reset`, `step`, `close`);
-   `reset` returns an `Observation`, `step` a `Transition` whose reward is a finite number equal
-   to the sum of ``info["reward_components"]``. Sync and async methods are both accepted.
+   `reset` returns an `Observation`, `step` a `Transition` that keeps the contract the agent
+   loop enforces in training too (`envs/contract.py`: a finite number for a reward, equal to
+   the sum of ``info["reward_components"]`` when the env reports them). Sync and async methods
+   are both accepted; every call answers within ``call_timeout_s`` (`envs/deadline.py`).
 2. ``tasks``: the task stream is a pure function of (split, seed), of `Task` records whose
    ``env`` is the spec's name. Always checked.
 3. ``split``: train and eval share no prompt on a sample; with ``split_by="seed"`` (a fixed
@@ -21,7 +23,8 @@ those the spec's declared rules relaxed, with why (`relaxed`; see `EnvSpec`):
 7. ``strategies``: the "random" policy (and every other strategy) runs without exceptions.
 8. ``close``: `close()` can be called twice.
 
-The first failure raises `EnvCheckError`, saying what is wrong and how to fix it.
+The first failure raises `EnvCheckError`, saying what is wrong and how to fix it; so does an
+env call, or a task factory's next task, that takes longer than ``call_timeout_s``.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-from steprl.envs.base import Env, Observation, Transition, maybe_await, missing_members
+from steprl.envs.base import Env, EnvTimeout, Transition, maybe_await, missing_members
+from steprl.envs.contract import observation_problem, reward_components, transition_problem
+from steprl.envs.deadline import DeadlineEnv, take_tasks
 from steprl.envs.policy import Policy
 from steprl.envs.registry import EnvSpec, get_spec
 from steprl.types import Task
@@ -97,7 +101,7 @@ class _Episode:
 
     @property
     def outcome(self) -> float:
-        return sum(float(t.info["reward_components"].get("outcome", 0.0)) for t in self.transitions)
+        return sum(reward_components(t).get("outcome", 0.0) for t in self.transitions)
 
     @property
     def ended(self) -> bool:
@@ -105,7 +109,7 @@ class _Episode:
 
     def trace(self) -> list[tuple[str, float, bool, bool, dict[str, float]]]:
         return [
-            (t.observation, t.reward, t.terminated, t.truncated, dict(t.info["reward_components"]))
+            (t.observation, t.reward, t.terminated, t.truncated, dict(reward_components(t)))
             for t in self.transitions
         ]
 
@@ -117,10 +121,16 @@ def check_env(
     seed: int = 0,
     env_params: Mapping[str, Any] | None = None,
     task_params: Mapping[str, Any] | None = None,
+    call_timeout_s: float = 30.0,
 ) -> EnvCheckReport:
     """Run every check on the registered env `name` (see the module docstring)."""
     return check_spec(
-        get_spec(name, env_params), n_tasks=n_tasks, seed=seed, env_params=env_params, task_params=task_params
+        get_spec(name, env_params),
+        n_tasks=n_tasks,
+        seed=seed,
+        env_params=env_params,
+        task_params=task_params,
+        call_timeout_s=call_timeout_s,
     )
 
 
@@ -131,13 +141,21 @@ def check_spec(
     seed: int = 0,
     env_params: Mapping[str, Any] | None = None,
     task_params: Mapping[str, Any] | None = None,
+    call_timeout_s: float = 30.0,
 ) -> EnvCheckReport:
     """`check_env` for a spec that need not be registered.
 
     Runs its own event loop (`asyncio.run`); inside a running loop, await `acheck_spec` instead.
     """
     return asyncio.run(
-        acheck_spec(spec, n_tasks=n_tasks, seed=seed, env_params=env_params, task_params=task_params)
+        acheck_spec(
+            spec,
+            n_tasks=n_tasks,
+            seed=seed,
+            env_params=env_params,
+            task_params=task_params,
+            call_timeout_s=call_timeout_s,
+        )
     )
 
 
@@ -148,16 +166,17 @@ async def acheck_spec(
     seed: int = 0,
     env_params: Mapping[str, Any] | None = None,
     task_params: Mapping[str, Any] | None = None,
+    call_timeout_s: float = 30.0,
 ) -> EnvCheckReport:
     """`check_spec` for callers already inside an event loop."""
     if n_tasks < 1:
         raise ValueError(f"n_tasks must be >= 1, got {n_tasks}.")
     name, env_kw, task_kw = spec.name, dict(env_params or {}), dict(task_params or {})
     relaxed: dict[str, str] = {}
-    tasks = _check_tasks(spec, n_tasks, seed, task_kw, relaxed)
+    tasks = _check_tasks(spec, n_tasks, seed, task_kw, relaxed, call_timeout_s)
 
-    env = _make(spec, env_kw)
-    replay_env = _make(spec, env_kw)
+    env = _make(spec, env_kw, call_timeout_s)
+    replay_env = _make(spec, env_kw, call_timeout_s)
     exact = not spec.stochastic and spec.min_expert_success >= 1.0
     per_task = 1 if exact else spec.expert_seeds
     experts = [
@@ -166,7 +185,7 @@ async def acheck_spec(
         for k, s in enumerate(episode_seeds(task.seed, per_task))
     ]
     for episode in experts:
-        if "outcome" not in episode.transitions[-1].info["reward_components"]:
+        if "outcome" not in reward_components(episode.transitions[-1]):
             _fail(
                 name,
                 f"the last step of task {episode.task.id!r} has no 'outcome' reward component; "
@@ -268,16 +287,23 @@ def _fail(name: str, message: str) -> NoReturn:
 
 
 def _check_tasks(
-    spec: EnvSpec, n: int, seed: int, params: dict[str, Any], relaxed: dict[str, str]
+    spec: EnvSpec, n: int, seed: int, params: dict[str, Any], relaxed: dict[str, str], timeout_s: float
 ) -> list[Task]:
     """The sampled train tasks, after checking types, determinism and split disjointness."""
     name = spec.name
 
     def sample(split: str, count: int) -> list[Task]:
-        try:
-            return list(islice(spec.tasks(split, seed, **params), count))
+        what = f"tasks({split!r}, {seed})"
+        try:  # each task within the deadline: a factory that never yields one must not hang us
+            return take_tasks(lambda: spec.tasks(split, seed, **params), count, timeout_s, what)
+        except EnvTimeout as exc:
+            _fail(
+                name,
+                f"{exc} (--call-timeout-s); a task factory must yield each task promptly: one that "
+                f"filters an endless stream for the {split!r} split and never finds one hangs",
+            )
         except Exception as exc:
-            raise EnvCheckError(f"env {name!r}: tasks({split!r}, {seed}) raised {exc!r}.") from exc
+            raise EnvCheckError(f"env {name!r}: {what} raised {exc!r}.") from exc
 
     train = sample("train", n)
     if not train:
@@ -336,7 +362,7 @@ def _distinct(train: list[Task], relaxed: dict[str, str]) -> list[Task]:
     return unique
 
 
-def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
+def _make(spec: EnvSpec, params: dict[str, Any], call_timeout_s: float) -> Env:
     try:
         env = spec.factory(**params)
     except Exception as exc:
@@ -357,24 +383,30 @@ def _make(spec: EnvSpec, params: dict[str, Any]) -> Env:
         )
     if not isinstance(env.system_prompt, str):
         _fail(spec.name, f"system_prompt={env.system_prompt!r}; give a str ('' for none).")
-    return env
+    return DeadlineEnv(env, call_timeout_s, setting="--call-timeout-s")
 
 
 async def _reset(spec: EnvSpec, env: Env, task: Task, seed: int) -> str:
     try:
         first = await maybe_await(env.reset(task, seed))
+    except EnvTimeout as exc:
+        _fail(spec.name, f"reset() on task {task.id!r}: {exc}.")
     except Exception as exc:
         raise EnvCheckError(f"env {spec.name!r}: reset() raised {exc!r} on task {task.id!r}.") from exc
-    if not isinstance(first, Observation) or not isinstance(first.text, str):
-        _fail(
-            spec.name, f"reset() returned {type(first).__name__}; return steprl.envs.base.Observation(text)."
-        )
+    problem = observation_problem(first)
+    if problem is not None:
+        _fail(spec.name, problem.message)
     return first.text
 
 
 async def _step(spec: EnvSpec, env: Env, task: Task, action: str, who: str) -> Transition:
     try:
         result = await maybe_await(env.step(action))
+    except EnvTimeout as exc:
+        _fail(
+            spec.name,
+            f"step({action[:80]!r}) by the {who} policy on task {task.id!r}: {exc}.",
+        )
     except Exception as exc:
         raise EnvCheckError(
             f"env {spec.name!r}: step({action[:80]!r}) by the {who} policy raised {exc!r} on task "
@@ -386,33 +418,9 @@ async def _step(spec: EnvSpec, env: Env, task: Task, action: str, who: str) -> T
 
 
 def _check_transition(name: str, t: object) -> None:
-    if not isinstance(t, Transition):
-        _fail(name, f"step() returned {type(t).__name__}; return steprl.envs.base.Transition(...).")
-        return
-    if not isinstance(t.observation, str):
-        _fail(name, f"Transition.observation is {type(t.observation).__name__}; it must be str.")
-    if type(t.terminated) is not bool or type(t.truncated) is not bool:
-        _fail(name, f"terminated={t.terminated!r}, truncated={t.truncated!r}; both must be bool.")
-    if not _finite(t.reward):
-        _fail(name, f"reward={t.reward!r}; it must be a finite float.")
-    components = t.info.get("reward_components") if isinstance(t.info, Mapping) else None
-    if not isinstance(components, Mapping) or not all(_finite(v) for v in components.values()):
-        _fail(
-            name,
-            f"info['reward_components']={components!r}; give a dict of finite floats, e.g. "
-            "steprl.envs.rewards.RewardBreakdown(...).as_dict().",
-        )
-        return
-    if not math.isclose(sum(components.values()), t.reward, rel_tol=1e-9, abs_tol=1e-9):
-        _fail(
-            name,
-            f"reward {t.reward} != sum of reward_components {dict(components)}; set "
-            "reward=breakdown.total from the same RewardBreakdown.",
-        )
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    problem = transition_problem(t)  # the same check as the agent loop's (train, eval, demos)
+    if problem is not None:
+        _fail(name, problem.message)
 
 
 async def _episode(
@@ -451,7 +459,7 @@ async def _check_malformed(spec: EnvSpec, env: Env, task: Task, action: str) -> 
     t = await _step(spec, env, task, action, "malformed-action")
     if t.info.get("action_kind", "invalid") != "invalid":
         _fail(spec.name, f"malformed action {action[:40]!r} was taken as {t.info.get('action_kind')!r}.")
-    if t.info["reward_components"].get("outcome", 0.0) != 0.0:
+    if reward_components(t).get("outcome", 0.0) != 0.0:
         _fail(spec.name, f"malformed action {action[:40]!r} earned an outcome reward.")
     if not t.terminated and not t.observation:
         _fail(

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from steprl.envs.base import Env, IncompleteEnv, missing_members
+from steprl.envs.deadline import DeadlineEnv, StuckCalls
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.extras import require_extra
 from steprl.types import Task
@@ -30,17 +31,21 @@ class EnvBackend(Protocol):
 
 
 class InProcessBackend:
-    """Env instances built by the registered factory, in this process."""
+    """Env instances built by the registered factory, in this process. Each instance's calls
+    answer within `call_timeout_s` (`envs/deadline.py`: a sync env runs on a thread of its own,
+    so a call that blocks ends `env_timeout` instead of freezing every episode)."""
 
     name = "inprocess"
 
-    def __init__(self, env: str, params: Mapping[str, Any]) -> None:
+    def __init__(self, env: str, params: Mapping[str, Any], *, call_timeout_s: float = 30.0) -> None:
         self._name = env
         self._factory = get_spec(env, params).factory
         self._params = dict(params)
+        self.call_timeout_s = call_timeout_s
+        self.stuck = StuckCalls()  # threads still blocked in a call past its deadline (bounded)
 
     def make_env(self, task: Task) -> Env:
-        return self._factory(**self._params)
+        return DeadlineEnv(self._factory(**self._params), self.call_timeout_s, self.stuck)
 
     def probe(self) -> InProcessBackend:
         """Fail fast: build one env and check it has every member the core reads (else every
@@ -80,7 +85,9 @@ def _ray(env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[st
 #: runtime.backend -> (env name, env params, the config's RuntimeSection, plugin modules) -> EnvBackend.
 #: HTTP and Ray are imported only when picked (ray is heavy to import, and both are extras).
 BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any, Sequence[str]], EnvBackend]] = {
-    "inprocess": lambda env, params, runtime, plugins: InProcessBackend(env, params).probe(),
+    "inprocess": lambda env, params, runtime, plugins: InProcessBackend(
+        env, params, call_timeout_s=runtime.env_call_timeout_s
+    ).probe(),
     "http": _http,
     "ray": _ray,
 }

@@ -3,6 +3,8 @@
 Many episodes run concurrently on one asyncio loop; the engine batches their requests. Each
 episode gets its own env instance. An exception from the env (or the engine) never escapes: the
 trajectory ends `infra_failed` with the error in `info`, is counted, and is never trained on.
+So does an answer that breaks the env contract (`envs/contract.py`, what `check-env` checks: a
+str or NaN reward, ...), with the reason in `info["invalid"]`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from steprl.envs.base import Env, EnvTimeout, Transition, env_tools, maybe_await
+from steprl.envs.contract import (
+    ContractError,
+    Problem,
+    observation_problem,
+    reward_components,
+    transition_problem,
+)
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat, tool_schemas
 from steprl.rollout.context import ContextRule
@@ -57,6 +66,7 @@ async def run_episode(
     info: dict[str, object] = {}
     try:
         first = await maybe_await(env.reset(task, seed))
+        _check(observation_problem(first))
         tools = tool_schemas(env_tools(env))  # read after reset: MCP lists them then
         initial = fmt.initial_ids(env.system_prompt, first.text, tools)
         messages.append({"role": "user", "content": first.text})
@@ -74,6 +84,7 @@ async def run_episode(
             )
             action_text = fmt.decode(gen.token_ids)
             transition = await maybe_await(env.step(action_text))
+            _check(transition_problem(transition))  # what check-env rejects never trains
             reason = _end_reason(transition)
             # the env's reply to an answer is a user turn; to a call (or a malformed one), a tool result
             tool_result = transition.info.get("action_kind") != "answer"
@@ -96,7 +107,11 @@ async def run_episode(
                     observation_ids=obs_ids,
                     reward=float(transition.reward),
                     policy_version=version,
-                    info={**transition.info, "finish_reason": gen.finish_reason},
+                    info={
+                        **transition.info,
+                        "reward_components": reward_components(transition),
+                        "finish_reason": gen.finish_reason,
+                    },
                     # () when one version sampled the whole turn (always, when synchronous)
                     action_versions=gen.versions if set(gen.versions) - {version} else (),
                 )
@@ -116,6 +131,8 @@ async def run_episode(
     except Exception as exc:  # env/engine bug, outage or deadline: counted, excluded from the loss
         end = EndReason.ENV_TIMEOUT if isinstance(exc, EnvTimeout) else EndReason.INFRA_FAILED
         info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+        if isinstance(exc, ContractError):
+            info["invalid"] = exc.reason  # counted by reason (metrics infra/invalid/<reason>)
     try:
         await maybe_await(env.close())
     except Exception as exc:
@@ -129,6 +146,11 @@ async def run_episode(
         end=end,
         info=info,
     )
+
+
+def _check(problem: Problem | None) -> None:
+    if problem is not None:
+        raise ContractError(problem)
 
 
 def creation_failed(task: Task, group_id: str, exc: Exception) -> Trajectory:

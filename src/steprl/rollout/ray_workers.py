@@ -31,6 +31,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayError
 
 from steprl.envs.base import Env
+from steprl.envs.deadline import DeadlineEnv, StuckCalls
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
@@ -55,7 +56,7 @@ class WorkerEnvs:
     params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     placement: Literal["inprocess", "ray"] = "inprocess"
     env_workers: int = 1  # per rollout worker, placement "ray" only
-    call_timeout_s: float = 30.0  # placement "ray" only
+    call_timeout_s: float = 30.0  # the deadline of one env call
     plugins: tuple[str, ...] = ()  # modules that register the run's envs, imported by each worker
 
 
@@ -96,7 +97,10 @@ class RolloutWorker:
         )
         params = dict(envs.params)
         self._backend: RayEnvBackend | None = None
-        make_env: Callable[[Task], Env] = lambda task: factory(**params)  # noqa: E731
+        stuck = StuckCalls()  # in-process envs: a sync call that blocks ends env_timeout here too
+        make_env: Callable[[Task], Env] = lambda task: DeadlineEnv(  # noqa: E731
+            factory(**params), envs.call_timeout_s, stuck
+        )
         if envs.placement == "ray":
             self._backend = RayEnvBackend(
                 envs.name,

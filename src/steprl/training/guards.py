@@ -1,12 +1,19 @@
-"""Numeric guards of an optimizer step (reliability.md NUM-01, NUM-02), shared by the learner
-and the separate critic."""
+"""Guards of a run: the numeric guards of an optimizer step (reliability.md NUM-01, NUM-02),
+shared by the learner and the separate critic, and the accounting of trajectories that failed in
+the env (counted by reason, the first of each kind logged). Both feed the trainer's K-in-a-row
+stops: `trainer.max_nonfinite_skips` and `runtime.max_failed_steps`; a non-finite reward breaks
+the env contract, so its trajectory fails (`infra/invalid/reward_not_finite`) and an env whose
+rewards are all NaN trips the failure budget's stop."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 import torch
+
+from steprl.types import Trajectory
 
 
 def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], grad_clip: float) -> float:
@@ -31,3 +38,38 @@ def grad_metrics(prefix: str, norms: Sequence[float], spike_norm: float) -> dict
         f"{prefix}/nonfinite_skips": float(len(norms) - len(finite)),
         f"{prefix}/grad_spikes": float(sum(n > spike_norm for n in finite)),
     }
+
+
+def failure_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`infra/invalid`: trajectories ended `infra_failed` because the env broke its contract
+    (`envs/contract.py`: a str or NaN reward, ...); `infra/invalid/<reason>` for each reason
+    seen. Their rewards were never used."""
+    reasons = Counter(str(t.info["invalid"]) for t in trajectories if "invalid" in t.info)
+    return {"infra/invalid": float(sum(reasons.values()))} | {
+        f"infra/invalid/{reason}": float(n) for reason, n in sorted(reasons.items())
+    }
+
+
+class FirstFailures:
+    """Logs the first failed trajectory of each kind (each contract reason, a missed deadline,
+    an env exception) as one line, once per run: a run whose envs fail is never silent, and
+    one that fails on every step does not repeat itself (the counts are in the metrics)."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log = log
+        self.seen: set[str] = set()
+
+    def __call__(self, trajectories: Sequence[Trajectory], where: str) -> None:
+        for t in trajectories:
+            if t.trainable:
+                continue
+            kind = f"invalid/{t.info['invalid']}" if "invalid" in t.info else t.end.value
+            if kind in self.seen:
+                continue
+            self.seen.add(kind)
+            metric = f"infra/{kind}" if kind.startswith("invalid/") else f"end/{kind}"
+            self.log(
+                f"WARNING {where}: env {t.env!r}, task {t.task_id!r} ended {t.end.value}: "
+                f"{t.info.get('error', 'no error recorded')}; such trajectories are never trained on "
+                f"(counted in {metric}; this line is shown once per run)"
+            )

@@ -1,0 +1,245 @@
+"""Env calls under a deadline: `DeadlineEnv` runs a sync env off the event loop.
+
+A sync env method that blocks (a tool that sleeps, a socket read without a timeout) would
+freeze the one asyncio loop every episode shares, and no deadline on that loop could fire. So a
+sync env's calls run in order on a daemon thread of its own (one per instance: the env sees one
+call at a time, always from the same thread), and the loop awaits the result under the
+deadline; a call past it raises `EnvTimeout` (the trajectory ends `env_timeout`). Async methods
+keep running on the loop, under the same deadline (a coroutine that blocks the loop with sync
+code cannot be helped from here). The HTTP server (`hosting/threads.py`) and the Ray workers do
+the same for their envs.
+
+A thread blocked in Python cannot be killed. Its env is abandoned: `close()` is sent to it on a
+thread of its own (it may wake the hung call) and not waited for. The thread is a daemon, never
+joined (an executor's threads are joined at interpreter exit), so a hung call never keeps the
+process alive; `StuckCalls` counts such threads and bounds them: past `limit`, new calls fail at
+once (`infra_failed`) instead of piling up threads.
+
+`take_tasks` bounds a task generator the same way: each task within the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Any, TypeVar
+
+from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, Transition
+from steprl.types import Task
+
+T = TypeVar("T")
+_Job = tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None
+
+
+class StuckCalls:
+    """Threads blocked in an env call that passed its deadline (counted until the call returns),
+    at most `limit`: past it a new call fails at once rather than start yet another thread."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def check(self) -> None:
+        if self._count >= self.limit:
+            raise InfraError(
+                f"{self._count} env calls are still blocked past their deadline (each holds a "
+                "thread that Python cannot kill); not starting more until they return. The env "
+                "hangs: fix it, or raise the deadline if it is only slow"
+            )
+
+    def abandoned(self, call: concurrent.futures.Future[Any]) -> None:
+        """`call` passed its deadline: counted until it returns (if it ever does)."""
+        with self._lock:
+            self._count += 1
+        call.add_done_callback(self._returned)
+
+    def _returned(self, _: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._count -= 1
+
+
+def _serve(jobs: queue.SimpleQueue[_Job]) -> None:
+    while (job := jobs.get()) is not None:
+        fn, future = job
+        if not future.set_running_or_notify_cancel():
+            continue  # its caller gave up before it started
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the caller, as the method itself would raise it
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+
+class _Thread:
+    """One daemon thread that runs one env instance's calls, in order."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        threading.Thread(target=_serve, args=(self._jobs,), name=name, daemon=True).start()
+
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._jobs.put((fn, future))
+        return future
+
+    def stop(self) -> None:
+        """The thread exits once the calls submitted before this one have returned."""
+        self._jobs.put(None)
+
+
+class DeadlineEnv:
+    """Wraps one env instance: every reset/step/close answers within `timeout_s` or raises
+    `EnvTimeout`. Other attributes (`tools`, ...) are the env's own."""
+
+    def __init__(
+        self,
+        env: Env,
+        timeout_s: float,
+        stuck: StuckCalls | None = None,
+        *,
+        setting: str = "runtime.env_call_timeout_s",  # where the user sets the deadline
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"the env call deadline must be > 0 seconds, got {timeout_s}")
+        self.env = env
+        self.timeout_s = timeout_s
+        self.setting = setting
+        self._stuck = stuck if stuck is not None else StuckCalls()
+        self._thread: _Thread | None = None
+        self._hung: str | None = None  # the call that passed its deadline, if one did
+
+    @property
+    def system_prompt(self) -> str:
+        return self.env.system_prompt
+
+    @property
+    def stop_strings(self) -> Sequence[str]:
+        return self.env.stop_strings
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "env":  # ours, not set yet: never recurse
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def __del__(self) -> None:  # an env dropped without close(): its idle thread goes too
+        if getattr(self, "_thread", None) is not None and self._hung is None:
+            self._thread.stop()  # type: ignore[union-attr]
+
+    async def reset(self, task: Task, seed: int) -> Observation:
+        return await self._call("reset", task, seed)
+
+    async def step(self, action: str) -> Transition:
+        return await self._call("step", action)
+
+    async def close(self) -> None:
+        if self._hung is not None:
+            # its thread is still blocked: close on a thread of its own (it may wake the hung
+            # call, as a sandbox kill or a closed socket does), never waited for; the blocked
+            # thread exits if the call ever returns
+            if self._thread is not None:
+                self._thread.stop()
+                self._thread = None
+            closer = threading.Thread(
+                target=_quietly, args=(self.env.close,), name="steprl-env-close", daemon=True
+            )
+            closer.start()
+            return
+        try:
+            await self._call("close")
+        finally:
+            if self._thread is not None and self._hung is None:
+                self._thread.stop()  # a later call (check-env closes twice) starts a new one
+                self._thread = None
+
+    async def _call(self, name: str, *args: Any) -> Any:
+        if self._hung is not None:
+            raise EnvTimeout(f"{name}(): the env's {self._hung}() call is still running past its deadline")
+        method = getattr(self.env, name)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if inspect.iscoroutinefunction(getattr(method, "__func__", method)):
+            result = method(*args)  # async: on the loop, as before
+        else:
+            self._stuck.check()
+            if self._thread is None:
+                self._thread = _Thread(f"steprl-env-{type(self.env).__name__}")
+            call = self._thread.submit(functools.partial(method, *args))
+            try:
+                result = await asyncio.wait_for(asyncio.wrap_future(call), self.timeout_s)
+            except BaseException as exc:  # past the deadline, or the episode was cancelled
+                if not call.done():
+                    self._hung = name
+                    self._stuck.abandoned(call)
+                own = call.done() and not call.cancelled() and call.exception() is not None
+                if isinstance(exc, TimeoutError) and not own:  # not a TimeoutError the env raised
+                    raise self._timeout(name) from None
+                raise
+        if inspect.isawaitable(result):  # an async method, or a sync one that returned an awaitable
+            left = self.timeout_s - (loop.time() - started)
+            try:
+                return await asyncio.wait_for(result, max(left, 0.0))
+            except TimeoutError:
+                raise self._timeout(name) from None
+        return result
+
+    def _timeout(self, name: str) -> EnvTimeout:
+        return EnvTimeout(
+            f"{type(self.env).__name__}.{name}() gave no answer within {self.timeout_s:g}s; a sync "
+            f"env call that blocks is abandoned there (raise {self.setting} if the env is only slow)"
+        )
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    try:
+        result = fn()
+        if inspect.isawaitable(result):
+            asyncio.run(_wait(result))
+    except Exception:  # the episode has already failed; a failing close adds nothing
+        pass
+
+
+async def _wait(result: Any) -> None:
+    await result
+
+
+def take_tasks(make: Callable[[], Iterator[T]], count: int, timeout_s: float, what: str) -> list[T]:
+    """The first `count` items of the iterator `make()` returns, each (the first one including
+    `make` itself) within `timeout_s` of the one before; fewer if it ends. A generator that
+    never yields (e.g. a filter for a split it never produces) raises `EnvTimeout` instead of
+    hanging; its thread (a daemon) is left behind."""
+    items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+    def produce() -> None:
+        try:
+            for item in islice(make(), count):
+                items.put(("item", item))
+        except BaseException as exc:
+            items.put(("error", exc))
+        items.put(("end", None))
+
+    threading.Thread(target=produce, name="steprl-tasks", daemon=True).start()
+    got: list[T] = []
+    while True:
+        try:
+            kind, value = items.get(timeout=timeout_s)
+        except queue.Empty:
+            raise EnvTimeout(
+                f"{what} yielded {len(got)} of {count} tasks, then none within {timeout_s:g}s"
+            ) from None
+        if kind == "end":
+            return got
+        if kind == "error":
+            raise value
+        got.append(value)
