@@ -2,7 +2,10 @@
 
 Every section forbids unknown keys, and every error is one line (`ConfigError`) naming the key
 and the allowed values, e.g. `rollout.grup_size: unknown key; allowed keys: context, group_size,
-...`; a YAML syntax error names its file, line and column. What depends on this machine (device,
+...`; a YAML syntax error names its file, line and column. Values are never coerced: `'8'` is
+not a count, `true` not a number (an int is a float), and numbers have ranges (`rollout.group_size:
+Input should be a valid integer (got '8'); allowed values: an integer > 0`; `steprl.config_values`).
+A relative `env.task_file.path` is relative to the config file. What depends on this machine (device,
 output directory) and warnings about valid settings that mean nothing: `steprl.config_checks`.
 Derived sizes (trajectories per step, mini-batch size) are computed once and printed at start.
 """
