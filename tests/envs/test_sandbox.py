@@ -666,11 +666,12 @@ def test_sbx_16_model_supplied_limits_are_clamped_to_the_operator_maximum() -> N
     box = Sandbox(operator)
     res = box.run("while True: pass", limits=greedy)  # verl-style: the model asks for forever
     assert res.error is ErrorKind.TIMEOUT and res.duration_s < operator.wall_s + 1.0
-    inside = run_json(
+    inside = run_json(  # the bytes of every writable tmpfs: not root, /tmp and /dev/shm split them
         box,
-        "import json, os, resource as r\nst = os.statvfs('/tmp')\n"
+        "import json, os, resource as r\n"
+        "fs = {os.stat(p).st_dev: os.statvfs(p) for p in ('/tmp', '/dev/shm')}\n"
         "print(json.dumps([r.getrlimit(r.RLIMIT_AS)[0], r.getrlimit(r.RLIMIT_NOFILE)[0], "
-        "st.f_blocks * st.f_frsize]))",
+        "sum(st.f_blocks * st.f_frsize for st in fs.values())]))",
         greedy,
     )
     assert inside == [256 << 20, 64, 4 << 20]

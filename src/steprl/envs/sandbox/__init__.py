@@ -41,8 +41,9 @@ processes instead; `oom` is read from `MemoryError`/ENOMEM in the traceback). So
 socket and pipe buffers are bounded only through file descriptors: 56 MiB of socketpair
 buffers per process at RLIMIT_NOFILE 256, times RLIMIT_NPROC. Not as root, there is no per-run
 uid: no RLIMIT_NPROC (it would count this user's own processes), no outer PID namespace, so
-bwrap's helper may be orphaned to PID 1 after a kill, and no mount of our own: `/tmp` is bwrap's
-tmpfs, sized in bytes but not in files, and `/dev/shm` is read-only; the probe says so. Each
+bwrap's helper may be orphaned to PID 1 after a kill, and no mount of our own: `/tmp` and
+`/dev/shm` are two bwrap tmpfs that split the bytes (15/16 and 1/16), with no bound on the
+number of files; the probe says so. Each
 process's uid pool starts at a random offset of the range; two processes sharing a range could,
 rarely, share a uid (and so an NPROC budget).
 """

@@ -51,7 +51,10 @@ class SandboxCapabilities:
 
 _PROBE = r"""
 import json, os, resource
-st = os.statvfs("/tmp")
+def size(path):
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize
+shm = size("/dev/shm") if os.stat("/dev/shm").st_dev != os.stat("/tmp").st_dev else 0
 try:
     memfd = os.close(os.memfd_create("probe")) or "made"
 except OSError as e:
@@ -59,7 +62,7 @@ except OSError as e:
 print(json.dumps({
     "uid": os.getuid(), "pids": sum(p.isdigit() for p in os.listdir("/proc")),
     "ifaces": [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]],
-    "tmp": st.f_blocks * st.f_frsize, "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0],
+    "tmp": size("/tmp") + shm, "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0],
     "dev": os.access("/dev", os.W_OK), "memfd": memfd,
 }))
 """

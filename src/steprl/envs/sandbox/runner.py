@@ -120,6 +120,17 @@ def _popen_from_spawner(argv: list[str], kw: dict[str, Any]) -> subprocess.Popen
     return _SPAWNER.submit(lambda: subprocess.Popen(argv, **kw)).result()
 
 
+def split_for_shm(total: int) -> tuple[int, int]:
+    """Bytes for /tmp and /dev/shm where each is a tmpfs of its own (not root): page multiples
+    summing to at most `total` (a tmpfs rounds its size up to pages, and size 0 is unbounded).
+    /dev/shm gets a sixteenth: POSIX semaphores (multiprocessing's locks) take a page each, and
+    multiprocessing puts a shared array that does not fit there in /tmp instead."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    shm = max(page, total // 16 // page * page)
+    tmp = (total - shm) // page * page
+    return (tmp, shm) if tmp >= page else (total, 0)  # too small to split: /dev/shm read-only
+
+
 def _memfd(name: str, data: bytes) -> int:
     """A file in memory holding `data`, read from its start (nothing on the host disk)."""
     fd = os.memfd_create(name)
@@ -230,9 +241,10 @@ class Runner:
             f"--nofile={limits.open_files}",
             "--core=0",
         ]
-        if uid is None:  # no root, no mount of our own: bwrap's sized tmpfs, no inode count, no /dev/shm
+        if uid is None:  # no root, no mount of our own: bwrap's sized tmpfs (no inode count), two of them
             head += ["--"]
-            writable = f"--size {limits.tmpfs_bytes} --tmpfs /tmp"
+            tmp, shm = split_for_shm(limits.tmpfs_bytes)
+            writable = f"--size {tmp} --tmpfs /tmp" + (f" --size {shm} --tmpfs /dev/shm" if shm else "")
         else:  # NPROC only with a per-run uid: a shared uid counts the harness's processes
             head = [
                 _which("setpriv"),
