@@ -25,11 +25,13 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LOAD = """
 import json, sys
 from steprl.models.sources import load_pretrained
+from steprl.training.template_cli import load_tokenizer
 loaded = load_pretrained(sys.argv[1], dtype="float32", device="cpu", cache_dir="unused", chat_template=None,
                          log=lambda line: None)
 params = sum(p.numel() for p in loaded.model.parameters())
+checked = load_tokenizer(sys.argv[1], None, log=lambda line: None)  # what check-template loads
 print(json.dumps({"model": type(loaded.model).__name__, "source": loaded.source, "base": loaded.base_name,
-                  "params": params, "eos": loaded.tokenizer.eos_token}))
+                  "params": params, "eos": loaded.tokenizer.eos_token, "vocab": len(checked)}))
 """
 
 
@@ -59,7 +61,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, dic
     }
     cases = {
         "load": [sys.executable, "-c", LOAD, "steprl-test/tiny-llama"],
-        "template": [STEPRL, "check-template", "steprl-test/tiny-llama"],
         "absent": [STEPRL, "check-template", "steprl-test/not-cached"],
     }
     procs = {
@@ -74,19 +75,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, dic
     return snapshot, results
 
 
-def test_a_hub_id_loads_from_the_hub_cache(runs) -> None:
+def test_a_hub_id_loads_from_the_hub_cache(runs, tokenizer) -> None:
     snapshot, results = runs
     rc, out = results["load"]
     assert rc == 0, out
     loaded = json.loads(results["load_stdout"][1].splitlines()[-1])
     assert loaded["model"] == "LlamaForCausalLM" and loaded["params"] > 0 and loaded["eos"], loaded
+    assert loaded["vocab"] == len(tokenizer)  # check-template's tokenizer, by the same id
     assert loaded["base"] == str(snapshot)  # a LoRA checkpoint names its base by this directory
     assert loaded["source"].startswith("steprl-test/tiny-llama (Hugging Face Hub cache"), loaded
-
-
-def test_check_template_takes_a_hub_id(runs) -> None:
-    rc, out = runs[1]["template"]
-    assert rc == 0 and out.splitlines()[-1].startswith("check-template steprl-test/tiny-llama: ok"), out
 
 
 def test_an_uncached_hub_id_offline_is_one_line(runs) -> None:
