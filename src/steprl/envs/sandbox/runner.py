@@ -42,10 +42,11 @@ def _children(pid: int) -> list[int]:
 def kill_sandbox(proc: subprocess.Popen[bytes], depth: int) -> None:
     """Kill the whole sandbox and reap it, leaving no zombie behind, not even with the host's PID 1.
 
-    Process tree: our child `unshare` > bwrap, PID 1 of namespace A > bwrap's init, PID 1 of
-    namespace B > the code. SIGKILL to B's init makes the kernel kill everything in B (setsid and
-    double-fork escapes included); bwrap reaps it and exits (128+9), which ends A; unshare reaps
-    bwrap; we reap unshare. A exists for the normal exit: bwrap returns as soon as the code's
+    Process tree: our child `unshare` > bwrap, PID 1 of namespace A (as `sh`, then `setpriv`:
+    each execs the next; a kill while `sh` mounts hits `mount`, and `sh` gives up) > bwrap's
+    init, PID 1 of namespace B > the code. SIGKILL to B's init makes the kernel kill everything
+    in B (setsid and double-fork escapes included); bwrap reaps it and exits (128+9), which ends
+    A; unshare reaps bwrap; we reap unshare. A exists for the normal exit: bwrap returns as soon as the code's
     exit status is known, while B's init may still be reaping, and as PID 1 of A its exit reaps
     that init instead of orphaning it to the host's PID 1. `depth`: 2 for that chain; 1 when
     not root (no `unshare`: our child is bwrap itself).
@@ -194,6 +195,8 @@ class Runner:
         self._in_use: set[int] = set()
         self._next = random.randint(lo, hi)  # random start: fewer clashes between processes
         self._uid_cv = threading.Condition()
+        if per_run_uid and not os.path.isdir(MOUNT_AT):  # FHS has it; a minimal image may not
+            os.makedirs(MOUNT_AT, mode=0o755, exist_ok=True)
         self._binds = ["--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):  # merged /usr: keep the symlink, bind nothing new
