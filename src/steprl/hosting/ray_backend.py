@@ -38,6 +38,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, ToolInfo, Transition
 from steprl.envs.registry import get_spec
+from steprl.hosting import ray_reaper
 from steprl.hosting.ray_batch import RayCalls
 from steprl.hosting.ray_envs import EnvFailure, EnvMeta, EnvWorker, WorkerStats
 from steprl.types import Task
@@ -60,7 +61,9 @@ def ensure_ray(*, num_cpus: int | None = None) -> None:
 
     `RAY_ADDRESS` set (e.g. `ray://head:10001` or `head:6379`): join that cluster. Unset: start a
     private local instance (`address="local"`, so a stray cluster on the same machine is never
-    joined by accident). The dashboard is never started: it opens ports we do not need.
+    joined by accident), and a watcher that kills its agents and workers within a second of this
+    process's death (`ray_reaper.py`; Ray's own agents outlive a SIGKILLed driver by 60 s). The
+    dashboard is never started: it opens ports we do not need.
     """
     if ray.is_initialized():
         return
@@ -69,6 +72,7 @@ def ensure_ray(*, num_cpus: int | None = None) -> None:
         ray.init(address=address, include_dashboard=False)
     else:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        ray_reaper.start()
 
 
 class RayEnvError(InfraError):
