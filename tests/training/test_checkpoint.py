@@ -151,5 +151,6 @@ def test_ckpt07_a_flipped_byte_falls_back_to_the_previous_checkpoint(tmp_path, m
 def test_resolve_checkpoint_accepts_a_run_directory(tmp_path, model_and_tokenizer):
     root = tmp_path / "run" / "checkpoints"
     _save(root, 3, model_and_tokenizer)
+    (tmp_path / "run" / "config.yaml").write_text("run: {}\n")  # a run's own: not a checkpoint's
     for given in (tmp_path / "run", root, root / "latest", root / "step_000003"):
         assert ckpt.resolve_checkpoint(given, print) == (root / "step_000003").resolve()
