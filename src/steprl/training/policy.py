@@ -12,7 +12,6 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,10 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steprl.config import Config, ConfigError
-from steprl.envs.base import Env
+from steprl.envs.base import Env, EnvTimeout
+from steprl.envs.deadline import take_tasks
 from steprl.envs.spec import EnvSpec
+from steprl.errors import UserError
 from steprl.models import qwen3_testbed, tiny
 from steprl.models.sources import DTYPES, cache_root, check_device_dtype, load_pretrained
 from steprl.rollout.context import CONTEXT_RULES
@@ -149,7 +150,7 @@ def load_policy(
 
     s = cfg.model.sft
     env_spec = setup.env_spec(cfg)
-    tasks = list(islice(env_spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
+    tasks = _demo_tasks(cfg, env_spec)  # part of the cache key: asked for before a cache is reused
     warm = warm_start_cache(cfg, env_spec, tasks)
     cache = warm.path
     if (cache / WARM_START_KEY).exists():
@@ -209,6 +210,24 @@ def load_policy(
     # fresh and a cached warm start are then the same object to everything downstream
     reloaded: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
     return Policy(reloaded, tokenizer, f"fresh SFT (cached to {cache})")
+
+
+def _demo_tasks(cfg: Config, spec: EnvSpec) -> list[Task]:
+    """The demonstrations' tasks: the first `model.sft.num_episodes` of the train split, each
+    within `runtime.env_call_timeout_s` (a generator that stops yielding is one line, not a hang)."""
+    s, timeout = cfg.model.sft, cfg.runtime.env_call_timeout_s
+    try:
+        return take_tasks(
+            lambda: spec.tasks("train", s.seed, **cfg.env.task_params),
+            s.num_episodes,
+            timeout,
+            "the train split",
+        )
+    except EnvTimeout as exc:
+        raise UserError(
+            f"env {spec.name!r}: {exc} (runtime.env_call_timeout_s) while the SFT warm start gathers its "
+            f"tasks; its task factory must yield train tasks promptly (steprl check-env {spec.name})"
+        ) from None
 
 
 def _random_tiny(cfg: Config) -> tuple[Any, Any]:
