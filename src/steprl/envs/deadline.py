@@ -3,17 +3,26 @@
 A sync env method that blocks (a tool that sleeps, a socket read without a timeout) would
 freeze the one asyncio loop every episode shares, and no deadline on that loop could fire. So a
 sync env's calls run in order on a daemon thread of its own (one per instance: the env sees one
-call at a time, always from the same thread), and the loop awaits the result under the
+call at a time, always from the same thread), and the loop waits for the result under the
 deadline; a call past it raises `EnvTimeout` (the trajectory ends `env_timeout`). Async methods
 keep running on the loop, under the same deadline (a coroutine that blocks the loop with sync
 code cannot be helped from here). The HTTP server (`hosting/threads.py`) and the Ray workers do
 the same for their envs.
 
+How the loop waits keeps in-process runs bit-for-bit reproducible. A sync env always ran on
+the loop, so the engine saw every episode's next request in the same order, whatever the env's
+timing (its batches, hence its log-probs' last bits, depend on that order). So the loop first
+waits *blocking*, as before, up to `EnvCalls.inline_s` (1 s); only a call slower than that
+turns the calls of the whole backend into awaited ones (`EnvCalls.inline` becomes False, once):
+from then on a slow or hung env costs no other episode its time (the rest of the deadline runs
+concurrently), and the run is reproducible up to float rounding, as over HTTP or Ray. A hung
+env thus ends its episode within the deadline, and the loop stalls at most `inline_s`, once.
+
 A thread blocked in Python cannot be killed. Its env is abandoned: `close()` is sent to it on a
 thread of its own (it may wake the hung call) and not waited for. The thread is a daemon, never
 joined (an executor's threads are joined at interpreter exit), so a hung call never keeps the
-process alive; `StuckCalls` counts such threads and bounds them: past `limit`, new calls fail at
-once (`infra_failed`) instead of piling up threads.
+process alive; `EnvCalls` counts such threads and bounds them: past `max_stuck`, new calls fail
+at once (`infra_failed`) instead of piling up threads.
 
 `take_tasks` bounds a task generator the same way: each task within the deadline.
 """
@@ -37,21 +46,25 @@ T = TypeVar("T")
 _Job = tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None
 
 
-class StuckCalls:
-    """Threads blocked in an env call that passed its deadline (counted until the call returns),
-    at most `limit`: past it a new call fails at once rather than start yet another thread."""
+class EnvCalls:
+    """What the env calls of one backend share: whether the loop still waits for them blocking
+    (`inline`, until one takes longer than `inline_s`; see the module docstring), and the threads
+    blocked in a call that passed its deadline (`stuck`, counted until the call returns), at most
+    `max_stuck`: past it a new call fails at once rather than start yet another thread."""
 
-    def __init__(self, limit: int = 64) -> None:
-        self.limit = limit
+    def __init__(self, max_stuck: int = 64, inline_s: float = 1.0) -> None:
+        self.max_stuck = max_stuck
+        self.inline_s = inline_s
+        self.inline = True
         self._count = 0
         self._lock = threading.Lock()
 
     @property
-    def count(self) -> int:
+    def stuck(self) -> int:
         return self._count
 
     def check(self) -> None:
-        if self._count >= self.limit:
+        if self._count >= self.max_stuck:
             raise InfraError(
                 f"{self._count} env calls are still blocked past their deadline (each holds a "
                 "thread that Python cannot kill); not starting more until they return. The env "
@@ -107,7 +120,7 @@ class DeadlineEnv:
         self,
         env: Env,
         timeout_s: float,
-        stuck: StuckCalls | None = None,
+        calls: EnvCalls | None = None,
         *,
         setting: str = "runtime.env_call_timeout_s",  # where the user sets the deadline
     ) -> None:
@@ -116,7 +129,7 @@ class DeadlineEnv:
         self.env = env
         self.timeout_s = timeout_s
         self.setting = setting
-        self._stuck = stuck if stuck is not None else StuckCalls()
+        self._calls = calls if calls is not None else EnvCalls()
         self._thread: _Thread | None = None
         self._hung: str | None = None  # the call that passed its deadline, if one did
 
@@ -172,16 +185,16 @@ class DeadlineEnv:
         if inspect.iscoroutinefunction(getattr(method, "__func__", method)):
             result = method(*args)  # async: on the loop, as before
         else:
-            self._stuck.check()
+            self._calls.check()
             if self._thread is None:
                 self._thread = _Thread(f"steprl-env-{type(self.env).__name__}")
             call = self._thread.submit(functools.partial(method, *args))
             try:
-                result = await asyncio.wait_for(asyncio.wrap_future(call), self.timeout_s)
+                result = await self._wait(call, started)
             except BaseException as exc:  # past the deadline, or the episode was cancelled
                 if not call.done():
                     self._hung = name
-                    self._stuck.abandoned(call)
+                    self._calls.abandoned(call)
                 own = call.done() and not call.cancelled() and call.exception() is not None
                 if isinstance(exc, TimeoutError) and not own:  # not a TimeoutError the env raised
                     raise self._timeout(name) from None
@@ -193,6 +206,17 @@ class DeadlineEnv:
             except TimeoutError:
                 raise self._timeout(name) from None
         return result
+
+    async def _wait(self, call: concurrent.futures.Future[Any], started: float) -> Any:
+        if self._calls.inline:  # blocking the loop, as a sync env always did (reproducible runs)
+            try:
+                return call.result(timeout=min(self._calls.inline_s, self.timeout_s))
+            except TimeoutError:
+                if call.done():
+                    raise  # the env's own TimeoutError
+                self._calls.inline = False  # a slow env: from now on the loop goes on meanwhile
+        left = self.timeout_s - (asyncio.get_running_loop().time() - started)
+        return await asyncio.wait_for(asyncio.wrap_future(call), max(left, 0.0))
 
     def _timeout(self, name: str) -> EnvTimeout:
         return EnvTimeout(

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from steprl.envs.base import Env, IncompleteEnv, missing_members
-from steprl.envs.deadline import DeadlineEnv, StuckCalls
+from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.extras import require_extra
 from steprl.types import Task
@@ -42,10 +42,10 @@ class InProcessBackend:
         self._factory = get_spec(env, params).factory
         self._params = dict(params)
         self.call_timeout_s = call_timeout_s
-        self.stuck = StuckCalls()  # threads still blocked in a call past its deadline (bounded)
+        self.calls = EnvCalls()  # waited for inline while quick; threads stuck past a deadline (bounded)
 
     def make_env(self, task: Task) -> Env:
-        return DeadlineEnv(self._factory(**self._params), self.call_timeout_s, self.stuck)
+        return DeadlineEnv(self._factory(**self._params), self.call_timeout_s, self.calls)
 
     def probe(self) -> InProcessBackend:
         """Fail fast: build one env and check it has every member the core reads (else every

@@ -31,7 +31,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayError
 
 from steprl.envs.base import Env
-from steprl.envs.deadline import DeadlineEnv, StuckCalls
+from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
@@ -97,9 +97,9 @@ class RolloutWorker:
         )
         params = dict(envs.params)
         self._backend: RayEnvBackend | None = None
-        stuck = StuckCalls()  # in-process envs: a sync call that blocks ends env_timeout here too
+        calls = EnvCalls()  # in-process envs: a sync call that blocks ends env_timeout here too
         make_env: Callable[[Task], Env] = lambda task: DeadlineEnv(  # noqa: E731
-            factory(**params), envs.call_timeout_s, stuck
+            factory(**params), envs.call_timeout_s, calls
         )
         if envs.placement == "ray":
             self._backend = RayEnvBackend(

@@ -11,7 +11,6 @@ import functools
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -19,7 +18,10 @@ import torch
 
 from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
 from steprl.config import Config
+from steprl.envs.base import EnvTimeout
+from steprl.envs.deadline import take_tasks
 from steprl.envs.spec import EnvSpec
+from steprl.errors import UserError
 from steprl.hosting.pool import EnvPool
 from steprl.models.sources import DTYPES
 from steprl.rollout import seeds
@@ -84,9 +86,24 @@ def rollout_setup(
     return RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
 
 
+class NoEvalTasks(UserError):
+    """The task factory yields no eval task within the env call deadline."""
+
+
 def eval_tasks(cfg: Config, spec: EnvSpec, n: int) -> list[Task]:
-    """The held-out tasks: the first `n` of the eval split (the same for every evaluation)."""
-    return list(islice(spec.tasks("eval", seeds.eval_task_seed(cfg.run.seed), **cfg.env.task_params), n))
+    """The held-out tasks: the first `n` of the eval split (the same for every evaluation). Each
+    within `runtime.env_call_timeout_s`: a factory that never yields one stops the run in one
+    line instead of hanging it."""
+    seed, timeout = seeds.eval_task_seed(cfg.run.seed), cfg.runtime.env_call_timeout_s
+    try:
+        return take_tasks(
+            lambda: spec.tasks("eval", seed, **cfg.env.task_params), n, timeout, "the eval split"
+        )
+    except EnvTimeout as exc:
+        raise NoEvalTasks(
+            f"env {spec.name!r}: {exc} (runtime.env_call_timeout_s); its task factory must yield eval "
+            f"tasks promptly (steprl check-env {spec.name} shows it)"
+        ) from None
 
 
 def build(
