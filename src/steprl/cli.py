@@ -59,29 +59,49 @@ def _load(
 
 @app.command()
 def train(
-    config: Path = typer.Argument(..., help="YAML config (see configs/)."),
+    config: Path | None = typer.Argument(
+        None, help="YAML config (see configs/); with --resume alone, the run directory's config.yaml."
+    ),
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set trainer.lr=3e-4 (repeatable)."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
     resume: Path | None = typer.Option(
         None,
         "--resume",
-        help="Continue the run in this directory from its latest complete checkpoint (run.resume=must).",
+        help="Continue the run in this directory from its latest complete checkpoint (run.resume=must), "
+        "as it was configured (its config.yaml) unless CONFIG is given.",
     ),
 ) -> None:
     """Train a policy with RL; prints held-out success before and after. A run killed or
     interrupted continues exactly with --resume runs/<name> (or run.resume=auto)."""
     if resume is not None:  # the run directory named on the command line, whatever the config says
+        if resume.name in ("", ".", ".."):  # `--resume .`: name the directory itself
+            resume = resume.resolve()
+        if config is None:  # the run's own config: every override and plugin it was started with
+            config = resume / "config.yaml"
+            if not config.is_file():
+                console.print(
+                    f"--resume {resume}: no config.yaml there, so not a run directory; check the path, "
+                    "or give the run's CONFIG too",
+                    style="red",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                raise typer.Exit(2)
         set_ = [*set_, "run.resume=must", f"run.output_dir={resume.parent}", f"run.name={resume.name}"]
+    elif config is None:
+        console.print("[red]steprl train: give a CONFIG (see configs/), or --resume RUN_DIR[/red]")
+        raise typer.Exit(2)
     cfg = _load(config, set_, plugin, output_dir=True)
     # imported after the config is checked: a config error is one line in ~3 s, not after the
     # trainer's imports
     from steprl.training.trainer import describe_eval
     from steprl.training.trainer import train as run_training
 
-    result = run_training(cfg, log=console.print, command=f"steprl train {config}")
+    result = run_training(cfg, log=console.print)
     w, f = result.warm_start, result.final
     for label, m in (("warm start", w), ("RL-trained", f)):
-        if describe_eval(m).startswith("eval failed"):
+        if m and describe_eval(m).startswith("eval failed"):
             console.print(f"[red]{label}: {describe_eval(m)}[/red]")
             console.print(f"run directory: {result.run_dir}")
             raise typer.Exit(1)
@@ -89,14 +109,13 @@ def train(
         f"\n[bold]held-out success[/bold] ({int(f['eval/tasks'])} tasks, "
         f"temperature {cfg.trainer.eval_temperature}):"
     )
-    console.print(
-        f"  warm start : success {w['eval/success']:.3f}  tool-call rate {w['eval/tool_call_rate']:.3f}  "
-        f"calls/solved {w['eval/calls_per_success']:.2f}"
-    )
-    console.print(
-        f"  RL-trained : success {f['eval/success']:.3f}  tool-call rate {f['eval/tool_call_rate']:.3f}  "
-        f"calls/solved {f['eval/calls_per_success']:.2f}"
-    )
+    for label, m in (("warm start", w), ("RL-trained", f)):
+        console.print(
+            f"  {label:<11}: success {m['eval/success']:.3f}  tool-call rate {m['eval/tool_call_rate']:.3f}  "
+            f"calls/solved {m['eval/calls_per_success']:.2f}"
+            if m
+            else f"  {label:<11}: not recorded (its metrics.jsonl line could not be read)"
+        )
     console.print(f"run directory: {result.run_dir}")
 
 

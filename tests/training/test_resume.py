@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -186,7 +187,7 @@ def test_sigint_finishes_the_step_saves_and_says_how_to_resume(tmp_path, cache_d
     cfg_path = tmp_path / "stopped.yaml"
     cfg_path.write_text(dump_config(cfg))
     run_dir = tmp_path / "runs" / "stopped"
-    proc = _launch(cfg_path)
+    proc = _launch(cfg_path, "--set", "trainer.lr=0.002")  # an override the config file lacks
     _wait_for(run_dir / "trajectories" / "step_000001.parquet", proc)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
@@ -197,7 +198,16 @@ def test_sigint_finishes_the_step_saves_and_says_how_to_resume(tmp_path, cache_d
     assert 1 <= step < 5 and "Traceback" not in out
     assert (run_dir / "checkpoints" / f"step_{step:06d}" / "manifest.json").exists()
     assert [r["step"] for r in _rows(run_dir)] == list(range(step + 1))
-    resumed = _launch(cfg_path, "--resume", str(run_dir))
+    # the printed command, word for word, continues the run as configured (trainer.lr=0.002 too:
+    # a changed config would be refused, CKPT-06)
+    command = shlex.split(last.split("resume with: ")[1])
+    assert command[:2] == ["steprl", "train"], last
+    resumed = subprocess.Popen(
+        [sys.executable, "-c", "from steprl.cli import main; main()", *command[1:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out
     assert [r["step"] for r in _rows(run_dir)] == list(range(6))

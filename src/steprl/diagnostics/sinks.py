@@ -5,14 +5,22 @@ anything. JSONL is the source of truth (plots and reports read it back); TensorB
 watching a run live. Trajectories go to one Parquet file per training step (`trajectories/
 step_000012.parquet`, one row per trajectory), each complete the moment it appears, holding the
 exact token ids (not re-tokenized text), so the viewer and offline analysis see what the
-learner saw. `read_trajectories(run_dir / "trajectories")` reads them back as one table.
+learner saw. `read_trajectories(run_dir / "trajectories")` reads them back as one table (a file
+that cannot be read is skipped, with a warning naming it).
+
+A write the disk refuses (full, I/O error) is an `OutputWriteError`: one line saying what was
+not written and how much space is left. The trainer writes a step's trajectories before its
+metrics row and stops there, so a row never stands for trajectories that were lost.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import shutil
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -21,7 +29,26 @@ from typing import Any, Protocol, Self, runtime_checkable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from steprl.errors import RunAborted
 from steprl.types import Trajectory
+
+
+class OutputWriteError(RunAborted):
+    """Metrics or trajectories could not be written (disk full, I/O error); what was written
+    before is complete and readable."""
+
+
+def write_failed(what: str, path: Path, exc: OSError) -> OutputWriteError:
+    """The one line for a write the disk refused."""
+    where = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        free = f"{shutil.disk_usage(where).free // 2**20} MiB free under {where}"
+    except OSError:
+        free = f"{where} unreadable"
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    code = f"[Errno {exc.errno}] " if exc.errno else ""
+    hint = "free space or move run.output_dir" if exc.errno == errno.ENOSPC else "check the disk"
+    return OutputWriteError(f"writing {what} to {path} failed: {code}{reason} ({free}); {hint}")
 
 
 @runtime_checkable
@@ -65,6 +92,7 @@ class JsonlSink(_ClosingContext):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        self._failed = False
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         if "step" in metrics:
@@ -74,48 +102,66 @@ class JsonlSink(_ClosingContext):
             )
         row: dict[str, Any] = {"step": int(step)}
         row.update({key: _json_value(value) for key, value in metrics.items()})
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row, allow_nan=False) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self._failed = True
+            raise write_failed(f"the metrics of step {step}", self.path, exc) from exc
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()  # flushes what a refused write left buffered: it fails again
+        except OSError:
+            if not self._failed:
+                raise
 
 
-def read_metrics_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_metrics_jsonl(
+    path: str | Path, skip_bad: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
     """Read back what `JsonlSink` wrote: one dict per line, nulls as `None`.
 
     A last line without its newline (the run was killed mid-write) is skipped; any other line
-    that is not JSON raises, naming the line.
+    that is not a UTF-8 JSON object raises, naming the line, or with `skip_bad` is skipped and
+    reported to it (a resume keeps going past a damaged line).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"No metrics file at {path}; a run writes it as <run_dir>/metrics.jsonl.")
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
+    lines = path.read_bytes().split(b"\n")
     rows: list[dict[str, Any]] = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             if i == len(lines):  # the unterminated last line of an interrupted write
                 continue
-            raise ValueError(f"{path}:{i} is not a JSON object ({e}); fix or delete that line.") from e
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i} is {type(row).__name__}, not a JSON object; fix or delete it.")
+            problem = f"{path}:{i} is not a JSON object ({e})"
+            if skip_bad is None:
+                raise ValueError(f"{problem}; fix or delete that line.") from e
+            skip_bad(f"{problem}; line dropped")
+            continue
+        if not isinstance(row, dict) or not isinstance(row.get("step", 0), int):
+            problem = f"{path}:{i} is not a metrics row ({type(row).__name__}, no integer step)"
+            if skip_bad is None:
+                raise ValueError(f"{problem}; fix or delete it.")
+            skip_bad(f"{problem}; line dropped")
+            continue
         rows.append(row)
     return rows
 
 
-def truncate_metrics(path: str | Path, last_step: int) -> int:
+def truncate_metrics(path: str | Path, last_step: int, warn: Callable[[str], None] = print) -> int:
     """Keep the rows of steps `<= last_step` (a resume redoes the steps after its checkpoint;
-    their old rows would be duplicates). Atomic: the file is the old or the new one. Returns the
-    number of rows dropped."""
+    their old rows would be duplicates) and drop lines that cannot be read, telling `warn`.
+    Atomic: the file is the old or the new one. Returns the number of rows dropped."""
     path = Path(path)
     if not path.exists():
         return 0
-    rows = read_metrics_jsonl(path)
+    rows = read_metrics_jsonl(path, skip_bad=lambda problem: warn(f"WARNING: {problem}"))
     kept = [r for r in rows if int(r.get("step", 0)) <= last_step]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
@@ -138,13 +184,23 @@ class TensorBoardSink(_ClosingContext):
         # process wrote, so a redone step is shown once
         self._writer = SummaryWriter(log_dir=str(self.logdir), purge_step=purge_step)
 
+        self._failed = False
+
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        for key, value in metrics.items():
-            self._writer.add_scalar(key, float(value), global_step=int(step))
-        self._writer.flush()  # otherwise up to 2 minutes late in the TensorBoard UI
+        try:
+            for key, value in metrics.items():
+                self._writer.add_scalar(key, float(value), global_step=int(step))
+            self._writer.flush()  # otherwise up to 2 minutes late in the TensorBoard UI
+        except OSError as exc:
+            self._failed = True
+            raise write_failed(f"the TensorBoard events of step {step}", self.logdir, exc) from exc
 
     def close(self) -> None:
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError:
+            if not self._failed:
+                raise
 
 
 class MultiSink(_ClosingContext):
@@ -258,25 +314,45 @@ class TrajectoryWriter(_ClosingContext):
                 columns["observation_texts"].append([self.decode(s.observation_ids) for s in t.steps])
         final = self.path / f"step_{int(step):06d}.parquet"
         tmp = self.path / f".{final.name}.tmp"
-        pq.write_table(pa.Table.from_pydict(columns, schema=self.schema), str(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        table = pa.Table.from_pydict(columns, schema=self.schema)
+        try:
+            pq.write_table(table, str(tmp))
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except OSError as exc:  # the disk refused: no half file, the earlier steps' files intact
+            tmp.unlink(missing_ok=True)
+            raise write_failed(f"the trajectories of step {step}", final, exc) from exc
 
     def close(self) -> None:
         self._closed = True
 
 
+def readable_parquet(path: Path) -> str | None:
+    """None if `path` has a Parquet footer, else why not (a truncated file has none). Reads the
+    footer only: cheap for every step file of a long run."""
+    try:
+        pq.read_metadata(str(path))
+    except (OSError, pa.ArrowException) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def read_trajectories(path: str | Path) -> pa.Table:
     """Load what `TrajectoryWriter` wrote: a run's `trajectories/` directory (every step file,
-    in step order, as one table) or a single step file. The same as
+    in step order, as one table; a file that cannot be read is skipped with a warning naming
+    it) or a single step file. For intact files the same as
     `pyarrow.dataset.dataset(path, format="parquet").to_table()` (or `pandas.read_parquet`)."""
     path = Path(path)
     if path.is_dir():
-        files = sorted(path.glob("step_*.parquet"))
-        if not files:
+        tables = []
+        for f in sorted(path.glob("step_*.parquet")):
+            try:
+                tables.append(pq.read_table(str(f)))
+            except (OSError, pa.ArrowException) as exc:  # one damaged file, not the whole run
+                warnings.warn(f"{f}: cannot be read ({exc}); skipped", stacklevel=2)
+        if not tables:
             return TRAJECTORY_SCHEMA.empty_table()
-        tables = [pq.read_table(str(f)) for f in files]
         return pa.concat_tables(tables, promote_options="default")
     if not path.exists():
         raise FileNotFoundError(

@@ -29,6 +29,7 @@ and re-issued first on resume, with their own stream positions (so their episode
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -252,3 +253,16 @@ def staleness_metrics(
     out["async/versions_spanned_mean"] = sum(spans) / max(len(spans), 1)
     out["async/versions_spanned_max"] = float(max(spans, default=0))
     return out
+
+
+def describe_pending(pending: Sequence[tuple[int, Task]]) -> str:
+    """One line for the tasks admitted but not trained when a run ends (an asynchronous run
+    admits up to `max_staleness` steps ahead): how many, and their stream positions as ranges."""
+    indices = sorted(i for i, _ in pending)
+    runs = [[i for _, i in g] for _, g in itertools.groupby(enumerate(indices), lambda p: p[1] - p[0])]
+    spans = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return (
+        f"{len(indices)} task{'s' * (len(indices) != 1)} admitted but not trained (stream indices "
+        f"{spans}): in flight or queued when the run ended; the checkpoint keeps them, and a "
+        "resumed or extended run (trainer.total_steps) trains them first"
+    )

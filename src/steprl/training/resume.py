@@ -4,28 +4,46 @@ adapters, `TrainState`).
 
     run.resume: never   an existing run directory is refused, unless run.overwrite clears it whole
     run.resume: auto    continue from the latest complete checkpoint if there is one
-    run.resume: must    the same, but refuse when there is none (`steprl train CFG --resume DIR`)
+    run.resume: must    the same, but refuse when there is none (`steprl train --resume DIR`)
 
-Resuming keeps metrics.jsonl (rows after the checkpoint are dropped: those steps are redone),
-TensorBoard (events after the checkpoint are purged) and the per-step trajectory files.
+Deciding (`plan_run_dir`) touches nothing; the directory is cleared and made (`make_run_dir`)
+only once every start-up check has passed (config, env, model, extras), so a start that fails
+leaves an earlier run whole. `run.overwrite` clears only a steprl run directory: one holding the
+`.steprl-run` marker that `make_run_dir` writes (or, made before the marker, only what a run
+writes, with its config.yaml and metrics.jsonl); anything else is refused with one line.
+
+Resuming keeps metrics.jsonl (rows after the checkpoint are dropped: those steps are redone; a
+line that cannot be read is dropped with a warning), TensorBoard (events after the checkpoint
+are purged) and the per-step trajectory files (those after the checkpoint are removed and
+written again; one that cannot be read is moved aside as `*.unreadable`, with a warning).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from steprl.config import Config, ConfigError, dump_config
+from steprl.diagnostics.sinks import readable_parquet
 from steprl.training import checkpoint as ckpt
 from steprl.training.build import Parts
 from steprl.training.lora import is_peft
 from steprl.training.state import TrainState
 
 CHECKPOINTS = "checkpoints"
+TRAJECTORIES = "trajectories"
+#: written into every run directory steprl makes; `run.overwrite` clears only such a directory
+MARKER = ".steprl-run"
+#: what a run writes at its top level (a run made before the marker holds only these)
+RUN_FILES = frozenset(
+    {"config.yaml", "metrics.jsonl", CHECKPOINTS, TRAJECTORIES, "tensorboard", "learning_curve.png"}
+)
 #: keys a resume may change without `run.allow_config_change`: how the run is driven, not what
 #: it trains (total_steps: a run is often extended)
 RESUMABLE_CHANGES = frozenset(
@@ -41,37 +59,130 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
-def prepare_run_dir(cfg: Config, log: Callable[[str], None]) -> tuple[Path, Path | None]:
-    """The run directory, ready to write, and the checkpoint to resume from (None: fresh)."""
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir` as it was configured: its config.yaml
+    holds every override it was started with (and its plugins)."""
+    return f"steprl train --resume {run_dir}"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where a run writes, decided (every refusal raised) before anything is touched."""
+
+    path: Path
+    resume_from: Path | None  # the checkpoint to continue from; None: a fresh run
+    clear: bool  # run.overwrite: an earlier run's directory, cleared whole by `make_run_dir`
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory steprl made for a run (so `run.overwrite` may clear it)."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return MARKER in names or (names <= RUN_FILES and {"config.yaml", "metrics.jsonl"} <= names)
+
+
+def plan_run_dir(cfg: Config, log: Callable[[str], None]) -> RunDir:
+    """The run directory and the checkpoint to resume from, or a `ConfigError` (one line).
+    Reads only: nothing is cleared, made or written here."""
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     root = run_dir / CHECKPOINTS
-    if root.is_dir():
-        for stale in ckpt.clean_stale(root):
-            log(f"removed {stale.name}, left by a save that was interrupted")
     found = ckpt.find_checkpoint(root, log) if cfg.run.resume != "never" else None
     if found is not None:
+        found = _redo_unreadable(run_dir, found, log)
         check_config_change(cfg, found)
-        return run_dir, found
+        return RunDir(run_dir, found, clear=False)
     if cfg.run.resume == "must":
         raise ConfigError(
             f"--resume {run_dir}: no complete checkpoint under {root}; start it afresh with "
             "run.overwrite=true, or check the path"
         )
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not cfg.run.overwrite:
-            raise ConfigError(
-                f"run.output_dir/run.name: {run_dir} already holds a run; continue it with "
-                f"`steprl train CONFIG --resume {run_dir}`, clear it with --set run.overwrite=true, "
-                "or choose another run.name"
-            )
-        shutil.rmtree(run_dir)  # overwrite: cleared whole, never two runs' files side by side
+    if not (run_dir.exists() and any(run_dir.iterdir())):
+        return RunDir(run_dir, None, clear=False)
+    if not cfg.run.overwrite:
+        raise ConfigError(
+            f"run.output_dir/run.name: {run_dir} already holds a run; continue it with "
+            f"`{resume_command(run_dir)}`, clear it with --set run.overwrite=true, "
+            "or choose another run.name"
+        )
+    if not is_run_dir(run_dir):
+        shown = ", ".join(sorted(p.name for p in run_dir.iterdir())[:3])
+        raise ConfigError(
+            f"run.overwrite: {run_dir} is not a steprl run directory (no {MARKER}; it holds {shown}), "
+            "so it is not cleared; choose another run.name or run.output_dir, or empty it yourself"
+        )
+    return RunDir(run_dir, None, clear=True)
+
+
+def make_run_dir(plan: RunDir, cfg: Config, log: Callable[[str], None]) -> Path:
+    """Clear (overwrite) and make the run directory, with its marker and config.yaml; on a
+    resume, remove what an interrupted save left and repair the trajectory files. Called once
+    every start-up check has passed."""
+    run_dir = plan.path
     try:
+        if plan.clear:
+            shutil.rmtree(run_dir)  # overwrite: cleared whole, never two runs' files side by side
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / MARKER).write_text("a steprl run directory: run.overwrite may clear it whole\n")
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     except OSError as exc:
         raise ConfigError(
-            f"run.output_dir: cannot create {run_dir} ({exc.strerror}); choose a writable directory"
+            f"run.output_dir: cannot write the run directory {run_dir} ({exc.strerror or exc}); "
+            "choose a writable directory with free space"
         ) from None
-    return run_dir, None
+    root = run_dir / CHECKPOINTS
+    if root.is_dir():
+        for stale in ckpt.clean_stale(root):
+            log(f"removed {stale.name}, left by a save that was interrupted")
+    if plan.resume_from is not None:
+        repair_trajectories(run_dir / TRAJECTORIES, checkpoint_step(plan.resume_from), log)
+    return run_dir
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.removeprefix("step_"))
+
+
+def _step_files(directory: Path) -> list[tuple[int, Path]]:
+    """(step, file) of each per-step trajectory file, in step order."""
+    found = [(re.fullmatch(r"step_(\d+)\.parquet", f.name), f) for f in directory.glob("step_*.parquet")]
+    return sorted((int(m.group(1)), f) for m, f in found if m is not None)
+
+
+def _redo_unreadable(run_dir: Path, found: Path, log: Callable[[str], None]) -> Path:
+    """A trajectory file of a step up to the checkpoint's that cannot be read: resume from an
+    earlier checkpoint before it, if one verifies, so that step runs again (exactly: seeds are
+    keyed by task, not by time) and writes its file anew."""
+    step = checkpoint_step(found)
+    bad = [s for s, f in _step_files(run_dir / TRAJECTORIES) if s <= step and readable_parquet(f)]
+    earlier = [
+        c
+        for c in ckpt.complete_checkpoints(run_dir / CHECKPOINTS)
+        if bad and checkpoint_step(c) < bad[0] and ckpt.verify(c) is None
+    ]
+    if not earlier:
+        return found  # nothing to redo, or no way to: make_run_dir moves the file aside
+    log(
+        f"WARNING: the trajectories of step {bad[0]} cannot be read; resuming from {earlier[-1]} "
+        f"instead of {found.name}, so that step runs again and writes them anew"
+    )
+    return earlier[-1]
+
+
+def repair_trajectories(directory: Path, step: int, log: Callable[[str], None]) -> None:
+    """A resume from checkpoint `step`: the files of later steps go (those steps are run again
+    and write them anew); a file of an earlier step that cannot be read (truncated, corrupt) is
+    moved aside, so `read_trajectories` reads the rest, with a warning naming it."""
+    for file_step, f in _step_files(directory):
+        if file_step > step:
+            f.unlink()
+        elif (problem := readable_parquet(f)) is not None:
+            aside = f.with_name(f.name + ".unreadable")
+            f.replace(aside)
+            log(
+                f"WARNING: {f} cannot be read ({problem}); moved to {aside.name}: the trajectories "
+                f"of that step are lost (the checkpoint, step {step}, is past it)"
+            )
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,15 +1,22 @@
 """The trainer. Reads top to bottom:
 
-prepare the run directory (fresh, resumed or refused) -> build the parts -> restore a checkpoint
--> start the rollout pipeline -> per step: take groups -> make the batch -> update -> publish
-weights (version + 1) -> metrics, trajectories, evaluation, checkpoint -> final checkpoint, curve.
+decide the run directory (fresh, resumed or refused; nothing touched) -> build the parts -> make
+the run directory (an earlier run is cleared only now, once every start-up check has passed) ->
+restore a checkpoint -> start the rollout pipeline -> per step: take groups -> make the batch ->
+update -> publish weights (version + 1) -> evaluation, trajectories, metrics, checkpoint -> final
+checkpoint, curve.
 
 Rollouts run in a producer (a background thread, or Ray rollout workers) while the learner
 trains, up to `rollout.max_staleness` policy versions ahead (`training/pipeline.py`). Synchronous
 training is staleness 0 on the same path: each step's rollouts run on the current weights.
-A run stops early, keeping what it finished, on SIGINT/SIGTERM (after the current step, with a
-checkpoint), on `trainer.max_nonfinite_skips` steps in a row whose update was skipped as
-non-finite, and on `runtime.max_failed_steps` steps in a row over the failure budget.
+A run stops early, keeping what it finished, on SIGINT/SIGTERM (with a checkpoint of the last
+finished step: at once while it waits on envs, for rollouts, demonstrations or an evaluation,
+whose tasks run again on resume; else after the current step), on `trainer.max_nonfinite_skips`
+steps in a row whose update was skipped as non-finite, on `runtime.max_failed_steps` steps in a
+row over the failure budget, and when the disk refuses a step's outputs (that step is not
+checkpointed: a resume runs it again). A step's trajectories are written before its metrics row.
+Tasks admitted but not trained when a run ends (an asynchronous run admits ahead) are reported in
+one line; the checkpoint keeps them.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from types import FrameType
 import torch
 import transformers
 
-from steprl.config import Config, dump_config
+from steprl.config import Config
 from steprl.config_checks import check_host, config_warnings
 from steprl.diagnostics import (
     JsonlSink,
@@ -39,14 +46,19 @@ from steprl.diagnostics import (
     rollout_metrics,
     template_metrics,
 )
-from steprl.diagnostics.sinks import MetricsSink, read_metrics_jsonl, truncate_metrics
+from steprl.diagnostics.sinks import (
+    MetricsSink,
+    OutputWriteError,
+    read_metrics_jsonl,
+    truncate_metrics,
+)
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
 from steprl.rollout import seeds
 from steprl.training import env_setup, resume
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.evaluate import evaluate
-from steprl.training.pipeline import Pipeline
+from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.state import RngState, TaskStream, TrainState
 from steprl.training.step_batch import StepBatch, make_batch
@@ -62,31 +74,26 @@ class TrainResult:
     history: list[dict[str, float]]  # one metrics dict per step run by this process
 
 
-def train(
-    cfg: Config, log: Callable[[str], None] = print, *, command: str = "steprl train CONFIG"
-) -> TrainResult:
+def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     """Train per `cfg`. Environments live where `runtime.backend` says (in-process, behind an
     HTTP env server, or in Ray actors); the env pool and the writers are closed however the run
-    ends. `command` is how the user started it (for the resume hint)."""
+    ends."""
     check_host(cfg)  # device and output directory: one line, before anything is made
-    run_dir, resume_from = resume.prepare_run_dir(cfg, log)
+    plan = resume.plan_run_dir(cfg, log)  # fresh, resumed or refused: nothing touched yet
     with contextlib.ExitStack() as cleanup:
         envs = cleanup.enter_context(env_setup.env_pool(cfg))
-        return _train(cfg, envs, run_dir, resume_from, cleanup, log, command)
+        return _train(cfg, envs, plan, cleanup, log)
 
 
 def _train(
     cfg: Config,
     envs: EnvPool,
-    run_dir: Path,
-    resume_from: Path | None,
+    plan: resume.RunDir,
     cleanup: contextlib.ExitStack,
     log: Callable[[str], None],
-    command: str,
 ) -> TrainResult:
     # ---- set-up: seeds, parts, the state to continue from, sinks ----------------------------
     transformers.utils.logging.disable_progress_bar()
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
     torch.manual_seed(cfg.run.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
     for warning in config_warnings(cfg):
@@ -94,7 +101,11 @@ def _train(
     spec = env_setup.env_spec(cfg)
     log(f"environments: {spec.name} on the {envs.name} backend, at most {envs.max_concurrent} live")
     env_setup.check_env_starts(envs, spec, cfg, log)
+    resume_from = plan.resume_from
     parts = build(cfg, envs, cleanup, log, resuming=resume_from is not None)
+    # every start-up check has passed (config, env, model, extras): only now is an earlier run's
+    # directory cleared, so a start that fails leaves it whole
+    run_dir = resume.make_run_dir(plan, cfg, log)
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     if resume_from is not None:
         state = resume.restore(parts, resume_from)
@@ -105,7 +116,7 @@ def _train(
     tasks = TaskStream(parts.train_tasks(cfg), state.task_cursor)
     pipeline = start_pipeline(cfg, parts, tasks, state, log)
     cleanup.callback(pipeline.close)
-    metrics_sink = cleanup.enter_context(_open_sinks(cfg, run_dir, state.step))
+    metrics_sink = cleanup.enter_context(_open_sinks(cfg, run_dir, state.step, log))
     traj_writer = (
         cleanup.enter_context(TrajectoryWriter(run_dir / "trajectories", decode=parts.fmt.decode))
         if cfg.logging.save_trajectories
@@ -127,7 +138,7 @@ def _train(
             f"warm start: {describe_eval(warm)} "
             f"({len(parts.eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
         )
-        metrics_sink.log(0, warm)
+        _write_outputs(run_dir, 0, warm, [], metrics_sink, None)
     warm, last_eval = _evals_so_far(run_dir / "metrics.jsonl", state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
@@ -141,9 +152,7 @@ def _train(
             if step == cfg.trainer.total_steps or (every and step % every == 0):
                 last_eval = run_eval(step)
                 metrics.update(last_eval)
-            metrics_sink.log(step, metrics)
-            if traj_writer is not None:
-                traj_writer.write(step, trajectories)
+            _write_outputs(run_dir, step, metrics, trajectories, metrics_sink, traj_writer)
             history.append(metrics)
             progress.update(step, metrics)
             _check_guards(cfg, state, trajectories, run_dir)
@@ -152,14 +161,19 @@ def _train(
                 saved_step = step
 
     # ---- wrap up: checkpoint, curve (an interrupt: checkpoint, then stop non-zero) -----------
+    if state.pending:  # admitted ahead (rollout.max_staleness > 0), never trained: say so
+        log(describe_pending(state.pending))
     if saved_step != state.step:
         resume.save(parts, state, run_dir, cfg)
     metrics_sink.close()
-    plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png")
+    try:
+        plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png")
+    except OSError as exc:  # everything else is saved: a missing picture is no reason to fail
+        log(f"WARNING: the learning curve was not written ({exc})")
     if stop.signal:
         raise RunInterrupted(
             f"interrupted ({stop.signal}) at step {state.step}; checkpoint and outputs saved in {run_dir}; "
-            f"resume with: {command} --resume {run_dir}"
+            f"resume with: {resume.resume_command(run_dir)}"
         )
     return TrainResult(run_dir, warm, last_eval, history)
 
@@ -290,14 +304,46 @@ def describe_eval(m: dict[str, float]) -> str:
     return f"held-out success {m['eval/success']:.3f}, tool-call rate {m['eval/tool_call_rate']:.3f}"
 
 
-def _check_guards(cfg: Config, state: TrainState, trajectories: list[Trajectory], run_dir: Path) -> None:
-    """NUM-01 and the failure budget: stop the run (non-zero) when a guard trips K steps in a row."""
+def _kept(run_dir: Path) -> str:
     last = resume.latest_checkpoint(run_dir)
-    kept = (
+    return (
         f"the last good checkpoint is {last}"
         if last
         else "no checkpoint was saved (trainer.checkpoint_every)"
     )
+
+
+def _write_outputs(
+    run_dir: Path,
+    step: int,
+    metrics: dict[str, float],
+    trajectories: list[Trajectory],
+    sink: MetricsSink,
+    writer: TrajectoryWriter | None,
+) -> None:
+    """The step's trajectories, then its metrics row (a row never stands for lost trajectories).
+    A write the disk refuses stops the run before this step is checkpointed, so a resume runs
+    it again and writes both."""
+    try:
+        if writer is not None:
+            writer.write(step, trajectories)
+        sink.log(step, metrics)
+    except OutputWriteError as err:
+        last = resume.latest_checkpoint(run_dir)
+        then = (
+            f"then resume with: {resume.resume_command(run_dir)} "
+            f"(from {last.name}: the steps after it run again)"
+            if last
+            else "then rerun it: no checkpoint was saved (trainer.checkpoint_every)"
+        )
+        raise OutputWriteError(
+            f"{err}, {then}; the run stopped at step {step}, the outputs of the steps before it are complete"
+        ) from err
+
+
+def _check_guards(cfg: Config, state: TrainState, trajectories: list[Trajectory], run_dir: Path) -> None:
+    """NUM-01 and the failure budget: stop the run (non-zero) when a guard trips K steps in a row."""
+    kept = _kept(run_dir)
     if state.nonfinite_streak >= cfg.trainer.max_nonfinite_skips:
         raise RunAborted(
             f"stopped at step {state.step}: {state.nonfinite_streak} steps in a row had a NaN/Inf loss or "
@@ -316,10 +362,11 @@ def _check_guards(cfg: Config, state: TrainState, trajectories: list[Trajectory]
 
 
 @contextlib.contextmanager
-def _open_sinks(cfg: Config, run_dir: Path, step: int) -> Iterator[MultiSink]:
-    """Metrics sinks, continuing a resumed run's files after its checkpoint step."""
+def _open_sinks(cfg: Config, run_dir: Path, step: int, log: Callable[[str], None]) -> Iterator[MultiSink]:
+    """Metrics sinks, continuing a resumed run's files after its checkpoint step (lines that
+    cannot be read are dropped, with a warning)."""
     if step > 0:
-        truncate_metrics(run_dir / "metrics.jsonl", step)
+        truncate_metrics(run_dir / "metrics.jsonl", step, warn=log)
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
     if cfg.logging.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tensorboard", purge_step=step + 1 if step else None))
@@ -331,7 +378,14 @@ def _evals_so_far(path: Path, step: int) -> tuple[dict[str, float], dict[str, fl
     """The warm-start evaluation and the latest one up to `step`, from metrics.jsonl."""
     rows = [r for r in read_metrics_jsonl(path) if "eval/success" in r and r["step"] <= step]
     pick = lambda r: {k: float(v) for k, v in r.items() if k.startswith("eval/") and v is not None}  # noqa: E731
+    if not rows:  # their lines were damaged and dropped at the resume
+        return {}, {}
     return pick(rows[0]), pick(rows[-1])
+
+
+class StopRequested(KeyboardInterrupt):
+    """A signal arrived in an interruptible wait (`_StopOnSignal.interruptible`). A
+    KeyboardInterrupt, so that no `except Exception` (an episode's, asyncio's) swallows it."""
 
 
 class _StopOnSignal:
