@@ -177,10 +177,18 @@ def check_env_cmd(
     set_: list[str] = typer.Option([], "--set", help="Override a key of the YAML config (repeatable)."),
     tasks: int = typer.Option(20, help="Tasks to sample (per split)."),
     seed: int = typer.Option(0, help="Seed of the task stream and the policies."),
+    call_timeout_s: float | None = typer.Option(
+        None,
+        "--call-timeout-s",
+        min=0.001,
+        help="Deadline of one env call, and of each task the task factory yields, in seconds "
+        "(default: the config's runtime.env_call_timeout_s, 30).",
+    ),
 ) -> None:
     """Run the conformance checker on one environment: API, determinism, robustness, expert
     solvability; stochastic and live envs run the checks their spec declares (see the report).
-    A YAML config checks its `env` section (name, params, task_params, task_file, plugins)."""
+    A YAML config checks its `env` section (name, params, task_params, task_file, plugins).
+    An env call that hangs fails the check after the deadline (--call-timeout-s)."""
     from steprl.envs.check import EnvCheckError, check_spec
     from steprl.errors import UserError
     from steprl.training import env_setup
@@ -197,6 +205,7 @@ def check_env_cmd(
             seed=seed,
             env_params=cfg.env.params,
             task_params=cfg.env.task_params,
+            call_timeout_s=call_timeout_s or cfg.runtime.env_call_timeout_s,
         )
     except UserError:
         raise  # a bad name, plugin or param: one line and exit 2, as from every command

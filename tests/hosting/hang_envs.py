@@ -1,7 +1,9 @@
 """Test-only envs for the deadline and env-contract tests (issue 23, items 8-10).
 
-Imported by the tests and, through ``--plugin hang_envs`` (with this directory on PYTHONPATH),
-by the `steprl` commands they run; importing registers them (a re-import is harmless).
+Loaded by the `steprl` commands the tests run, through ``--plugin hang_envs`` (with this
+directory on PYTHONPATH): importing registers them. In-process tests register them only while
+they run (`register_all`, then removed from `ENVS`), so that no other test (e.g. "every
+registered env passes check-env") meets them.
 
 * ``hang``: the action "ok" answers right (reward 1), "x" wrong, anything else is shown an
   error. Its tool, `step`, blocks in
@@ -94,15 +96,22 @@ class HangEnv(Env):
         pass
 
 
-for _name, _factory in (("hang", _tasks), ("hang_noeval", _no_eval_tasks)):
-    register(
-        EnvSpec(
-            name=_name,
-            factory=HangEnv,
-            tasks=_factory,
-            strategies={"expert": lambda task, history, rng: "ok", "random": lambda task, history, rng: "x"},
-            max_turns=1,
-            description="test-only: a tool that hangs, rewards of the wrong type",
-        ),
-        replace=True,
-    )
+NAMES = ("hang", "hang_noeval")
+
+
+def register_all() -> None:
+    for name, tasks in zip(NAMES, (_tasks, _no_eval_tasks), strict=True):
+        register(
+            EnvSpec(
+                name=name,
+                factory=HangEnv,
+                tasks=tasks,
+                strategies={"expert": lambda task, h, rng: "ok", "random": lambda task, h, rng: "x"},
+                max_turns=1,
+                description="test-only: a tool that hangs, rewards of the wrong type",
+            ),
+            replace=True,
+        )
+
+
+register_all()  # as a --plugin; the in-process tests register and remove them around each test

@@ -58,6 +58,7 @@ from steprl.rollout import seeds
 from steprl.training import env_setup, resume
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.evaluate import evaluate
+from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.state import RngState, TaskStream, TrainState
@@ -82,7 +83,15 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     plan = resume.plan_run_dir(cfg, log)  # fresh, resumed or refused: nothing touched yet
     with contextlib.ExitStack() as cleanup:
         envs = cleanup.enter_context(env_setup.env_pool(cfg))
-        return _train(cfg, envs, plan, cleanup, log)
+        try:
+            return _train(cfg, envs, plan, cleanup, log)
+        except StopRequested as stopped:  # a signal before the first step of this process
+            then = (
+                f"the run is as its checkpoint left it; resume with: {resume.resume_command(plan.path)}"
+                if plan.resume_from is not None
+                else "nothing was trained and no checkpoint saved; start the run again"
+            )
+            raise RunInterrupted(f"interrupted ({stopped}) before the first step; {then}") from None
 
 
 def _train(
@@ -93,6 +102,9 @@ def _train(
     log: Callable[[str], None],
 ) -> TrainResult:
     # ---- set-up: seeds, parts, the state to continue from, sinks ----------------------------
+    # a signal stops the run: at once in a wait that only an env can end (the first reset, the
+    # warm start's demonstrations, rollouts, evaluations), else after the current step
+    stop = cleanup.enter_context(_StopOnSignal())
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.run.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -100,9 +112,10 @@ def _train(
         log(f"WARNING: {warning}")
     spec = env_setup.env_spec(cfg)
     log(f"environments: {spec.name} on the {envs.name} backend, at most {envs.max_concurrent} live")
-    env_setup.check_env_starts(envs, spec, cfg, log)
     resume_from = plan.resume_from
-    parts = build(cfg, envs, cleanup, log, resuming=resume_from is not None)
+    with stop.interruptible():
+        env_setup.check_env_starts(envs, spec, cfg, log)
+        parts = build(cfg, envs, cleanup, log, resuming=resume_from is not None)
     # every start-up check has passed (config, env, model, extras): only now is an earlier run's
     # directory cleared, so a start that fails leaves it whole
     run_dir = resume.make_run_dir(plan, cfg, log)
@@ -127,18 +140,24 @@ def _train(
 
     held_out = eval_setup(parts)
 
-    def run_eval(step: int) -> dict[str, float]:
-        seed = seeds.eval_stream_seed(cfg.run.seed, step)
-        return evaluate(parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run)[0]
+    first_failures = FirstFailures(log)
 
-    stop = cleanup.enter_context(_StopOnSignal())  # from here on, a signal ends with a checkpoint
+    def run_eval(step: int) -> tuple[dict[str, float], dict[str, float]]:
+        """eval/* metrics, and how long the evaluation took (a hung env call ends at its deadline)."""
+        seed = seeds.eval_stream_seed(cfg.run.seed, step)
+        started = time.perf_counter()
+        with stop.interruptible():
+            metrics, trajectories = evaluate(parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run)
+        first_failures(trajectories, f"evaluation at step {step}")
+        return metrics, {"time/eval_s": time.perf_counter() - started}
+
     if state.step == 0:
-        warm = run_eval(0)
+        warm, took = run_eval(0)
         log(
             f"warm start: {describe_eval(warm)} "
             f"({len(parts.eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
         )
-        _write_outputs(run_dir, 0, warm, [], metrics_sink, None)
+        _write_outputs(run_dir, 0, warm | took, [], metrics_sink, None)
     warm, last_eval = _evals_so_far(run_dir / "metrics.jsonl", state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
@@ -146,12 +165,21 @@ def _train(
     # ---- the RL loop ------------------------------------------------------------------------
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
         while state.step < cfg.trainer.total_steps and not stop.signal:
-            state, metrics, trajectories = run_step(cfg, parts, pipeline, state, shuffle_rng, log)
+            try:
+                state, metrics, trajectories = run_step(
+                    cfg, parts, pipeline, state, shuffle_rng, log, waiting=stop.interruptible
+                )
+            except StopRequested:  # while rollouts ran: their tasks run again on resume
+                if state.step == 0 and resume_from is None:
+                    raise  # nothing trained yet: no checkpoint to resume from
+                break
             step = state.step
+            first_failures(trajectories, f"step {step}")
             every = cfg.trainer.eval_every
             if step == cfg.trainer.total_steps or (every and step % every == 0):
-                last_eval = run_eval(step)
-                metrics.update(last_eval)
+                with contextlib.suppress(StopRequested):  # the step is kept, its evaluation not
+                    last_eval, took = run_eval(step)
+                    metrics.update(last_eval | took)
             _write_outputs(run_dir, step, metrics, trajectories, metrics_sink, traj_writer)
             history.append(metrics)
             progress.update(step, metrics)
@@ -213,25 +241,28 @@ def run_step(
     state: TrainState,
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
+    waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> tuple[TrainState, dict[str, float], list[Trajectory]]:
-    """One RL step: take and filter groups, make the batch, update, publish the weights."""
+    """One RL step: take and filter groups, make the batch, update, publish the weights.
+    `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
     t0 = time.perf_counter()
     step = state.step + 1
     algo = cfg.algorithm
-    collected = collect_groups(
-        pipeline,
-        tasks_per_step=cfg.rollout.tasks_per_step,
-        group_filter=parts.group_filter,
-        regenerations=algo.filter_regenerations,
-        failure_budget=cfg.runtime.failure_budget,
-    )
+    with waiting():
+        collected = collect_groups(
+            pipeline,
+            tasks_per_step=cfg.rollout.tasks_per_step,
+            group_filter=parts.group_filter,
+            regenerations=algo.filter_regenerations,
+            failure_budget=cfg.runtime.failure_budget,
+        )
     t_rollout = time.perf_counter() - t0
     if collected.metrics["infra/over_budget_rounds"]:
         log(
             f"ALERT step {step}: {collected.metrics['infra/failed_frac']:.0%} of trajectories "
             f"failed in the environment (runtime.failure_budget={cfg.runtime.failure_budget}); "
-            "their groups are not trained on. See end/infra_failed, end/env_timeout and the "
-            "trajectories' info['error']."
+            "their groups are not trained on. See end/infra_failed, end/env_timeout, "
+            "infra/invalid/* and the trajectories' info['error']."
         )
     env_ids = dict(state.env_ids)
     batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, kl_beta=state.kl_beta)
@@ -285,6 +316,7 @@ def step_metrics(
         **reward_component_means(trajectories),
         **template_metrics(trajectories),
         **collected.metrics,
+        **failure_metrics(trajectories),
         **stats,
         **batch.metrics,
         "advantage/abs_mean": float(abs_adv.mean()) if abs_adv.numel() else 0.0,
@@ -390,17 +422,36 @@ class StopRequested(KeyboardInterrupt):
 
 class _StopOnSignal:
     """SIGINT / SIGTERM: finish the current step, then stop (checkpoint, close, exit non-zero).
-    A second signal stops at once, as the default handlers do."""
+    A second signal stops at once, as the default handlers do.
+
+    Inside `interruptible()` (a wait on rollouts, demonstrations or an evaluation: only an env
+    or the engine can end it, and nothing is half-written) the signal raises `StopRequested`
+    at once instead, so a run whose envs are slow or hung stops promptly; the trainer then
+    checkpoints the last finished step (the dropped rollouts' tasks are in it)."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
         self._previous: dict[int, object] = {}
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        if self.signal is not None:  # it came while we were busy: stop before waiting again
+            raise StopRequested(self.signal)
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is not None:  # the second one: no more waiting
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
         self.signal = signal.Signals(signum).name
+        if self._waiting:
+            print(f"\n{self.signal}: stopping (again to stop at once)", flush=True)
+            raise StopRequested(self.signal)
         print(
             f"\n{self.signal}: finishing the current step, then saving a checkpoint (again to stop now)",
             flush=True,
