@@ -6,6 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
+# test processes (pytest-xdist): a file's tests stay in one process, so its fixtures are built once
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint typecheck bench bench-venv vs-peers clean venv
 
@@ -44,7 +46,7 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_vs_learner.py
