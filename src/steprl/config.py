@@ -163,6 +163,9 @@ class EnvSection(_Section):
     params: dict[str, Any] = {}  # keyword arguments of the env factory (one env per episode)
     task_params: dict[str, Any] = {}  # keyword arguments of the env's task generator
     task_file: TaskFileSection | None = None  # tasks from a file instead of the env's generator
+    # where each step's train tasks come from: a name in steprl.training.sources.TASK_SOURCES
+    # ("stream": the train split in order); checked when the run is built
+    source: str = "stream"
     # modules imported first, by the trainer, the env server and the Ray workers (they register
     # envs); `--plugin MODULE` on the command line adds to them
     plugins: list[str] = []

@@ -24,7 +24,7 @@ from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.training.state import TaskStream
+from steprl.training.sources.stream import StreamSource
 from steprl.training.step_parts import SyncSource, collect_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 
@@ -167,7 +167,7 @@ def _fake_rollout(fail_frac: float):
 
 def _collect(fail_frac: float, budget: float):
     return collect_groups(
-        SyncSource(TaskStream(iter(_tasks(100))), _fake_rollout(fail_frac), 10),
+        SyncSource(StreamSource(lambda: iter(_tasks(100))), _fake_rollout(fail_frac), 10),
         tasks_per_step=4,
         group_filter=lambda rewards: torch.arange(len(rewards)),
         regenerations=0,

@@ -33,19 +33,25 @@ def _trained_indices(run_dir: Path) -> list[int]:
     return [int(g.split("-")[1]) for _, g in groups]
 
 
-def _state(run_dir: Path, step: int) -> dict:
+def _saved(run_dir: Path, step: int) -> dict:
     path = run_dir / "checkpoints" / f"step_{step:06d}" / "state.pt"
-    return torch.load(path, map_location="cpu", weights_only=False)["train_state"]
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _state(run_dir: Path, step: int) -> dict:
+    return _saved(run_dir, step)["train_state"]
 
 
 def _exactly_once(run_dir: Path, final_step: int) -> None:
-    """Trained indices + what is still pending = every index handed out, each exactly once."""
+    """Trained indices + what is still pending (admitted, or back in the task source) = every
+    index the source handed out, each exactly once."""
     trained = _trained_indices(run_dir)
-    state = _state(run_dir, final_step)
-    pending = [i for i, _ in state["pending"]]
+    saved = _saved(run_dir, final_step)
+    source = saved["components"]["source:stream"]
+    pending = [i for i, _ in saved["train_state"]["pending"]] + [i for i, _ in source["requeued"]]
     counts = Counter(trained + pending)
     assert max(counts.values()) == 1, [i for i, c in counts.items() if c > 1]
-    assert sorted(counts) == list(range(state["task_cursor"]))
+    assert sorted(counts) == list(range(source["cursor"]))
 
 
 RAY_WORKERS = ["runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1"]

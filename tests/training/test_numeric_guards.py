@@ -21,7 +21,7 @@ from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, register
 from steprl.errors import RunAborted
 from steprl.training.learner import Learner
-from steprl.training.state import TaskStream
+from steprl.training.sources.stream import StreamSource
 from steprl.training.step_parts import SyncSource, collect_groups, valid
 from steprl.training.trainer import describe_eval, train
 from steprl.types import EndReason, Group, Step, Task, Trajectory
@@ -133,7 +133,7 @@ def test_num03_nonfinite_rewards_invalidate_the_trajectory_and_a_constant_group_
         groups[1] = Group(groups[1].task, (*groups[1].trajectories[:3], _traj("g1", 1.0, float("-inf"))))
         return groups
 
-    tasks = TaskStream(iter([Task(f"t{i}", "q", "calculator") for i in range(4)]))
+    tasks = StreamSource(lambda: iter([Task(f"t{i}", "q", "calculator") for i in range(4)]))
     out = collect_groups(
         SyncSource(tasks, rollout, 4),
         tasks_per_step=2,
@@ -155,7 +155,7 @@ def test_num04_a_batch_with_nothing_trainable_is_skipped_cleanly():
         return [Group(t, (failed,) * group_size) for t in tasks]
 
     out = collect_groups(
-        SyncSource(TaskStream(iter([Task("t", "q", "calculator")] * 4)), rollout, 3),
+        SyncSource(StreamSource(lambda: iter([Task("t", "q", "calculator")] * 4)), rollout, 3),
         tasks_per_step=2,
         group_filter=lambda r: torch.arange(len(r)),
         regenerations=0,

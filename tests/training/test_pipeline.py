@@ -17,13 +17,13 @@ from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.loop import Budgets
 from steprl.training.pipeline import Finished, Pipeline, staleness_metrics
 from steprl.training.producers import LocalProducer
-from steprl.training.state import TaskStream
+from steprl.training.sources.stream import StreamSource
 from steprl.training.step_parts import SyncSource, local_rollout
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 
 
-def _tasks(cursor: int = 0) -> TaskStream:
-    return TaskStream(iter([Task(f"t{i}", "q", "calculator") for i in range(1000)]), cursor)
+def _tasks() -> StreamSource:
+    return StreamSource(lambda: iter([Task(f"t{i}", "q", "calculator") for i in range(1000)]))
 
 
 def _group(task: Task, index: int, versions: tuple[int, ...]) -> Group:
@@ -130,9 +130,10 @@ def test_pending_holds_in_flight_and_queued_work_and_a_new_pipeline_reissues_it_
     pending = pipe.pending()
     assert [i for i, _ in pending] == [2, 3, 4, 5]  # 4 queued, the others in flight
     assert pipe.depth() == (1, 3)
-    cursor = pipe.tasks.cursor
+    source = _tasks()
+    source.load_state_dict(pipe.tasks.state_dict())  # as a checkpoint restores it
     prod2 = FakeProducer()
-    resumed = Pipeline(_tasks(cursor), prod2, tasks_per_step=2, max_staleness=2, version=1, pending=pending)
+    resumed = Pipeline(source, prod2, tasks_per_step=2, max_staleness=2, version=1, pending=pending)
     _take_later(resumed, 2)
     assert prod2.started == [2, 3, 4, 5, 6, 7]
 
@@ -167,10 +168,10 @@ def _setup(model, tokenizer, budgets):
     )
 
 
-def _calc_tasks() -> TaskStream:
+def _calc_tasks() -> StreamSource:
     from steprl.envs.registry import make_tasks
 
-    return TaskStream(make_tasks("calculator", "train", 0))
+    return StreamSource(lambda: make_tasks("calculator", "train", 0))
 
 
 def test_local_producer_at_staleness_0_gives_the_synchronous_rollouts(small_model, tokenizer):

@@ -9,7 +9,7 @@ import contextlib
 import copy
 import functools
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,10 +33,12 @@ from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training import env_setup
 from steprl.training.batching import packing_unsupported
+from steprl.training.components import Stateful
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
+from steprl.training.sources import TaskSource, make_source
 from steprl.types import Task, Trajectory
 
 ToSamples = Callable[[Trajectory, int], list[Sample]]
@@ -61,10 +63,10 @@ class Parts:
     env_spec: EnvSpec
     eval_tasks: list[Task]
     eval_sampling: SamplingParams
-
-    def train_tasks(self, cfg: Config) -> Iterator[Task]:
-        """The train split from its start (a resume skips to its cursor)."""
-        return self.env_spec.tasks("train", cfg.run.seed, **cfg.env.task_params)
+    source: TaskSource  # the train tasks (`env.source`)
+    #: every run component by name, the source among them: what a checkpoint stores of each
+    #: (`training/components.py`) and a resume restores
+    components: dict[str, Stateful]
 
     def push_weights(self, version: int) -> None:
         """The learner's weights to every engine copy, as policy `version`."""
@@ -110,6 +112,9 @@ def build(
     cfg: Config, envs: EnvPool, cleanup: contextlib.ExitStack, log: Callable[[str], None], *, resuming: bool
 ) -> Parts:
     spec = env_setup.env_spec(cfg)
+    source = make_source(  # first: an unknown env.source stops the run before the model loads
+        cfg.env.source, lambda: spec.tasks("train", cfg.run.seed, **cfg.env.task_params), cfg.run.seed
+    )
     if resuming and cfg.model.lora is not None and cfg.model.name != "tiny":
         # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "pretrained"})})
@@ -251,6 +256,8 @@ def build(
         env_spec=spec,
         eval_tasks=eval_tasks(cfg, spec, cfg.trainer.eval_tasks),
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
+        source=source,
+        components={f"source:{cfg.env.source}": source},
     )
 
 

@@ -1,6 +1,6 @@
 """The rollout pipeline: producers run episodes from the task stream while the learner trains.
 
-    task stream ──admit──▶ producer (engine + envs, in a thread or on Ray workers) ──▶ finished
+    task source ──admit──▶ producer (engine + envs, in a thread or on Ray workers) ──▶ finished
     groups (a bounded queue) ──take──▶ learner ──publish(version)──▶ producer's engines
 
 Versions and staleness (`rollout.max_staleness` = k, counted in policy versions):
@@ -17,18 +17,20 @@ Versions and staleness (`rollout.max_staleness` = k, counted in policy versions)
   may hold up to (k+1) x `tasks_per_step` groups in flight or finished. A group admitted at version
   u is then at most k steps behind if groups are consumed in order.
 - Eviction when consumed: the learner takes the oldest finished groups first; one whose staleness
-  is over k (it was overtaken while its episodes ran) is dropped, counted, and its task re-queued
-  first, to run again on the current weights. No task is lost or trained twice.
+  is over k (it was overtaken while its episodes ran) is dropped, counted, and its task given
+  back to the task source (`requeue`), which re-issues it first, to run again on the current
+  weights. No task is lost or trained twice. Every group trained is shown to the source
+  (`observe`), in stream order, so the order a learning source sees never depends on timing.
 - k = 0 is synchronous training on this same path: the window opens only when the learner asks,
   so the step's tasks all run on the current weights while the learner waits, exactly as before.
 
-What is in flight or queued at a checkpoint is `pending()`: those tasks are saved in `TrainState`
-and re-issued first on resume, with their own stream positions (so their episode seeds).
+What is in flight or queued at a checkpoint is `pending()`: those tasks are saved in `TrainState`,
+given back to the (restored) source on resume and re-issued first, with their own stream
+positions (so their episode seeds).
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import threading
 import time
@@ -39,7 +41,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from steprl.rollout.engines.lora_merge import AdapterUpdate
-from steprl.training.state import TaskStream
+from steprl.training.sources import TaskSource
 from steprl.types import Group, Task
 
 T = TypeVar("T")
@@ -96,7 +98,7 @@ class Pipeline:
 
     def __init__(
         self,
-        tasks: TaskStream,
+        tasks: TaskSource,
         producer: Producer,
         *,
         tasks_per_step: int,
@@ -112,8 +114,8 @@ class Pipeline:
         self._cv = threading.Condition()
         self._in_flight: dict[int, tuple[Task, int]] = {}  # index -> (task, admission version)
         self._finished: list[Finished] = []
-        self._requeue: list[tuple[int, Task]] = sorted(pending, key=lambda p: p[0])  # re-issued first
-        self._stream_done = False
+        for index, task in pending:  # a resume: re-issued first
+            tasks.requeue(index, task)
         now = time.perf_counter()
         self._idle_since: float | None = now
         self._counters = _Counters(since=now)
@@ -135,14 +137,16 @@ class Pipeline:
                     f = self._finished.pop(0)
                     if self.version - f.oldest > self.max_staleness or not self._versions_ok(f):
                         self._counters.evicted += 1  # overtaken while it ran: run it again
-                        bisect.insort(self._requeue, (f.index, f.group.task), key=lambda p: p[0])
+                        self.tasks.requeue(f.index, f.group.task)
                         self._top_up()
                     else:
                         picked.append(f)
-                if len(picked) >= n or not (self._in_flight or self._finished or self._requeue):
-                    break  # done, or the stream ran out with nothing left to wait for
+                if len(picked) >= n or not (self._in_flight or self._finished):
+                    break  # done, or the source ran out with nothing left to wait for
                 self._cv.wait()
         picked.sort(key=lambda f: f.index)
+        for f in picked:
+            self.tasks.observe(f.group)
         self.taken += [(f, self.version) for f in picked]  # the weights they are trained from
         return [f.group for f in picked]
 
@@ -153,10 +157,11 @@ class Pipeline:
             self.version = version
 
     def pending(self) -> list[tuple[int, Task]]:
-        """Tasks admitted but not yet trained (in flight, queued or re-queued), in stream order."""
+        """Tasks admitted but not yet trained (in flight or queued), in stream order. (An evicted
+        task is back in the task source, whose state the checkpoint holds.)"""
         with self._cv:
             items = [(i, t) for i, (t, _) in self._in_flight.items()]
-            items += [(f.index, f.group.task) for f in self._finished] + self._requeue
+            items += [(f.index, f.group.task) for f in self._finished]
         return sorted(items, key=lambda p: p[0])
 
     def depth(self) -> tuple[int, int]:
@@ -195,17 +200,14 @@ class Pipeline:
             self._cv.notify_all()
 
     def _top_up(self) -> None:
-        """Admit tasks (re-queued ones first) while fewer than `window` are in flight or queued."""
+        """Admit tasks from the source (it gives re-queued ones first) while fewer than `window`
+        are in flight or queued."""
         admitted: list[tuple[int, Task]] = []
         while len(self._in_flight) + len(self._finished) < self.window:
-            if self._requeue:
-                index, task = self._requeue.pop(0)
-            else:
-                first, got = self.tasks.take(1) if not self._stream_done else (0, [])
-                if not got:
-                    self._stream_done = True
-                    break
-                index, task = first, got[0]
+            item = self.tasks.next()
+            if item is None:
+                break
+            index, task = item
             if self._idle_since is not None:
                 self._counters.producer_idle_s += time.perf_counter() - self._idle_since
                 self._idle_since = None

@@ -33,6 +33,7 @@ from steprl.config import Config, ConfigError, dump_config
 from steprl.diagnostics.sinks import readable_parquet
 from steprl.training import checkpoint as ckpt
 from steprl.training.build import Parts
+from steprl.training.components import component_states, load_component_states
 from steprl.training.lora import is_peft
 from steprl.training.state import TrainState
 
@@ -222,6 +223,7 @@ def checkpoint_state(parts: Parts, state: TrainState) -> dict[str, Any]:
             else None
         ),
         "train_state": state.to_dict(),
+        "components": component_states(parts.components),  # the task source, ...: by name
     }
     model = getattr(critic, "model", None)
     if model is not None:  # a separate critic: its own backbone, head and optimizer
@@ -256,6 +258,7 @@ def restore(parts: Parts, path: Path) -> TrainState:
         critic.head.load_state_dict(saved["critic"]["head"])  # type: ignore[union-attr]
         critic.optimizer.load_state_dict(saved["critic"]["optimizer"])  # type: ignore[union-attr]
     state = TrainState.from_dict(saved["train_state"])
+    load_component_states(parts.components, saved["components"])
     parts.push_weights(state.policy_version)
     return state
 

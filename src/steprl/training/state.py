@@ -2,7 +2,8 @@
 optimizers, so that a checkpoint plus this record continues a run exactly (CKPT-02).
 
 Sampling needs no state here: every episode's seed is keyed by its task's position in the
-stream (`rollout/seeds.py`), so the task-stream cursor is all the rollouts need. What remains
+stream (`rollout/seeds.py`), and the task source keeps its own position (a run component,
+`training/sources/`, checkpointed by name beside this record). What remains
 are the generators that are consumed as the run goes: mini-batch shuffling, and the global
 torch / Python / NumPy generators (for anything else that draws from them).
 """
@@ -10,9 +11,7 @@ torch / Python / NumPy generators (for anything else that draws from them).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
@@ -20,26 +19,6 @@ import numpy as np
 import torch
 
 from steprl.types import Task
-
-
-class TaskStream:
-    """The train split as an iterator that counts what it handed out: `cursor` is the stream
-    position of the next task, which keys that task's episode seeds."""
-
-    def __init__(self, source: Iterator[Task], cursor: int = 0) -> None:
-        self._source = source
-        self.cursor = 0
-        for _ in islice(self._source, cursor):  # resume: tasks are a pure function of the seed
-            self.cursor += 1
-        if self.cursor != cursor:
-            raise ValueError(f"the task stream ended at {self.cursor} tasks; the checkpoint is at {cursor}")
-
-    def take(self, n: int) -> tuple[int, list[Task]]:
-        """The next `n` tasks (fewer if the stream ends) and the stream position of the first."""
-        first = self.cursor
-        tasks = list(islice(self._source, n))
-        self.cursor += len(tasks)
-        return first, tasks
 
 
 @dataclass(frozen=True)
@@ -70,21 +49,20 @@ class TrainState:
 
     step: int
     policy_version: int
-    task_cursor: int  # tasks consumed from the train stream (regenerations included)
     rng: RngState
     kl_beta: float  # the reward-KL coefficient (adaptive controller: its current value)
     env_ids: dict[str, int] = field(default_factory=dict)  # env name -> index (per-env estimators)
     nonfinite_streak: int = 0  # consecutive steps with a skipped (non-finite) optimizer step
     failed_streak: int = 0  # consecutive steps over runtime.failure_budget
     #: asynchronous training: tasks admitted but not trained yet (in flight or queued), by
-    #: stream position; a resumed run re-issues them first (training/pipeline.py)
+    #: stream position; a resumed run gives them back to the task source, which re-issues them
+    #: first (training/pipeline.py); an evicted task is already back in the source
     pending: tuple[tuple[int, Task], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "policy_version": self.policy_version,
-            "task_cursor": self.task_cursor,
             "rng": {
                 "shuffle": self.rng.shuffle,
                 "torch_global": self.rng.torch_global,
@@ -95,7 +73,7 @@ class TrainState:
             "env_ids": dict(self.env_ids),
             "nonfinite_streak": self.nonfinite_streak,
             "failed_streak": self.failed_streak,
-            "pending": [(i, _task_dict(t)) for i, t in self.pending],
+            "pending": [(i, task_dict(t)) for i, t in self.pending],
         }
 
     @staticmethod
@@ -104,20 +82,16 @@ class TrainState:
         return TrainState(
             step=int(d["step"]),
             policy_version=int(d["policy_version"]),
-            task_cursor=int(d["task_cursor"]),
             rng=RngState(r["shuffle"], r["torch_global"], tuple(r["python"]), r["numpy"]),
             kl_beta=float(d["kl_beta"]),
             env_ids=dict(d["env_ids"]),
             nonfinite_streak=int(d.get("nonfinite_streak", 0)),
             failed_streak=int(d.get("failed_streak", 0)),
-            pending=tuple(
-                (int(i), Task(**{**t, "params": MappingProxyType(t["params"])}))
-                for i, t in d.get("pending", [])
-            ),
+            pending=tuple((int(i), task_from_dict(t)) for i, t in d.get("pending", [])),
         )
 
 
-def _task_dict(t: Task) -> dict[str, Any]:
+def task_dict(t: Task) -> dict[str, Any]:
     """A task as plain data (its params are a read-only mapping, which pickle cannot write)."""
     return {
         "id": t.id,
@@ -127,3 +101,8 @@ def _task_dict(t: Task) -> dict[str, Any]:
         "answer": t.answer,
         "params": dict(t.params),
     }
+
+
+def task_from_dict(d: dict[str, Any]) -> Task:
+    """The task `task_dict` wrote."""
+    return Task(**{**d, "params": MappingProxyType(d["params"])})

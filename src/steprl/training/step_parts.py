@@ -16,7 +16,7 @@ from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput
 from steprl.config import AlgorithmSection
 from steprl.rollout.loop import RolloutSetup, rollout_groups
 from steprl.rollout.views import Sample
-from steprl.training.state import TaskStream
+from steprl.training.sources import TaskSource, take
 from steprl.types import Group, Task, Trajectory
 
 #: (tasks, group_size, first_index) -> one Group per task; `first_index` is the stream position
@@ -46,13 +46,18 @@ class SyncSource:
     """The next `n` tasks of the stream, rolled out by `rollout` while the caller waits: the
     plainest source (tests, and the reference the pipeline at staleness 0 is checked against)."""
 
-    tasks: TaskStream
+    tasks: TaskSource  # never re-queued to: the positions of `n` tasks are consecutive
     rollout: RolloutFn
     group_size: int
 
     def take(self, n: int) -> list[Group]:
-        first, batch = self.tasks.take(n)
-        return self.rollout(batch, self.group_size, first) if batch else []
+        items = take(self.tasks, n)
+        if not items:
+            return []
+        groups = self.rollout([t for _, t in items], self.group_size, items[0][0])
+        for group in groups:
+            self.tasks.observe(group)
+        return groups
 
 
 def valid(t: Trajectory) -> bool:

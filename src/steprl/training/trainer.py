@@ -61,7 +61,8 @@ from steprl.training.evaluate import evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
-from steprl.training.state import RngState, TaskStream, TrainState
+from steprl.training.sources import TaskSource
+from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import StepBatch, make_batch
 from steprl.training.step_parts import CollectedGroups, collect_groups
 from steprl.types import Trajectory
@@ -125,9 +126,8 @@ def _train(
         state.rng.restore(shuffle_rng)
         log(f"resumed from {resume_from} at step {state.step} (policy version {state.policy_version})")
     else:
-        state = TrainState(0, parts.engine.version, 0, RngState.capture(shuffle_rng), cfg.algorithm.kl_coef)
-    tasks = TaskStream(parts.train_tasks(cfg), state.task_cursor)
-    pipeline = start_pipeline(cfg, parts, tasks, state, log)
+        state = TrainState(0, parts.engine.version, RngState.capture(shuffle_rng), cfg.algorithm.kl_coef)
+    pipeline = start_pipeline(cfg, parts, parts.source, state, log)
     cleanup.callback(pipeline.close)
     metrics_sink = cleanup.enter_context(_open_sinks(cfg, run_dir, state.step, log))
     traj_writer = (
@@ -207,7 +207,7 @@ def _train(
 
 
 def start_pipeline(
-    cfg: Config, parts: Parts, tasks: TaskStream, state: TrainState, log: Callable[[str], None]
+    cfg: Config, parts: Parts, tasks: TaskSource, state: TrainState, log: Callable[[str], None]
 ) -> Pipeline:
     """Rollouts in a background thread, or on the Ray rollout workers; resumed pending tasks first."""
     group_size, seed, k = cfg.rollout.group_size, cfg.run.seed, cfg.rollout.max_staleness
@@ -289,7 +289,6 @@ def run_step(
     state = TrainState(
         step=step,
         policy_version=version,
-        task_cursor=pipeline.tasks.cursor,
         rng=RngState.capture(shuffle_rng),
         kl_beta=batch.kl_beta,
         env_ids=env_ids,

@@ -1,0 +1,67 @@
+"""Task sources: what the next RL step trains on, as a run component (`training/components.py`).
+
+A source hands out tasks one at a time, each with its stream position: the position keys the
+task's episode seeds (`rollout/seeds.py`), so it is part of what makes a run reproducible. The
+pipeline (`training/pipeline.py`) takes from it, gives back the task of a group it evicted
+(`requeue`: it runs again, first, with its own position), and shows it every group it trains, in
+stream order (`observe`: a curriculum learns from success there; the plain stream ignores it).
+Its `state_dict` is in the checkpoint, so a resume continues the same stream without replaying it.
+
+A new source is one file here plus one entry in `TASK_SOURCES`; `check_task_source`
+(`sources/check.py`) is what the tests run over every entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+from steprl.config import ConfigError
+from steprl.training.components import Stateful
+from steprl.training.sources.stream import StreamSource
+from steprl.types import Group, Task
+
+
+@runtime_checkable
+class TaskSource(Stateful, Protocol):
+    """The train tasks of a run, with their stream positions."""
+
+    def next(self) -> tuple[int, Task] | None:
+        """The next task and its stream position (a re-queued one first, lowest position
+        first); None when there is none left."""
+        ...
+
+    def requeue(self, index: int, task: Task) -> None:
+        """Take back a task handed out at `index` and not trained (evicted, or in flight at a
+        checkpoint): `next` gives it again, with the same position, before any new task."""
+        ...
+
+    def observe(self, group: Group) -> None:
+        """A group of the task's episodes that the learner trains on (called in stream order)."""
+        ...
+
+
+#: (the train split: each call a fresh iterator from its start; the run seed) -> a source
+SourceFactory = Callable[[Callable[[], Iterator[Task]], int], TaskSource]
+
+TASK_SOURCES: dict[str, SourceFactory] = {
+    "stream": StreamSource,  # the env's train split in order: today's behaviour, bit for bit
+}
+
+
+def make_source(name: str, tasks: Callable[[], Iterator[Task]], seed: int) -> TaskSource:
+    """The source `name` (`env.source`) over the train split `tasks`."""
+    if name not in TASK_SOURCES:
+        raise ConfigError(f"env.source: unknown task source {name!r}; use one of {sorted(TASK_SOURCES)}")
+    return TASK_SOURCES[name](tasks, seed)
+
+
+def take(source: TaskSource, n: int) -> list[tuple[int, Task]]:
+    """Up to `n` tasks from `source` (fewer if it runs out), each with its stream position."""
+    out: list[tuple[int, Task]] = []
+    while len(out) < n and (item := source.next()) is not None:
+        out.append(item)
+    return out
+
+
+__all__ = ["TASK_SOURCES", "SourceFactory", "TaskSource", "make_source", "take"]
