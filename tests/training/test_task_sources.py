@@ -29,6 +29,13 @@ def test_the_stream_is_the_train_split_in_order_with_positions_from_0():
 def test_an_unknown_source_is_one_line_naming_the_allowed_ones():
     with pytest.raises(ConfigError, match=r"env.source: unknown task source 'nope'; use one of \['stream'"):
         make_source("nope", lambda: synthetic_tasks(0), 0)
+    with pytest.raises(ConfigError, match="env.source 'no_such_module:f': ModuleNotFoundError"):
+        make_source("no_such_module:f", lambda: synthetic_tasks(0), 0)
+
+
+def test_a_source_of_your_own_by_import_path_keeps_the_contract():
+    """`env.source: package.module:attr`, as `env.name` takes an env: no edit of TASK_SOURCES."""
+    check_task_source("steprl.training.sources.stream:StreamSource")
 
 
 def test_a_checkpoint_past_the_end_of_the_split_is_refused():

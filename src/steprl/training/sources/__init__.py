@@ -8,13 +8,15 @@ stream order (`observe`: a curriculum learns from success there; the plain strea
 Its `state_dict` is in the checkpoint, so a resume continues the same stream without replaying it.
 
 A new source is one file here plus one entry in `TASK_SOURCES`; `check_task_source`
-(`sources/check.py`) is what the tests run over every entry.
+(`sources/check.py`) is what the tests run over every entry. A source of your own needs no
+edit here: `env.source: package.module:attr` names its factory (as `env.name` names an env).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
 from steprl.training.components import Stateful
@@ -50,10 +52,34 @@ TASK_SOURCES: dict[str, SourceFactory] = {
 
 
 def make_source(name: str, tasks: Callable[[], Iterator[Task]], seed: int) -> TaskSource:
-    """The source `name` (`env.source`) over the train split `tasks`."""
-    if name not in TASK_SOURCES:
-        raise ConfigError(f"env.source: unknown task source {name!r}; use one of {sorted(TASK_SOURCES)}")
-    return TASK_SOURCES[name](tasks, seed)
+    """The source `name` (`env.source`: a name in `TASK_SOURCES`, or the import path
+    `package.module:attr` of a factory) over the train split `tasks`."""
+    factory = TASK_SOURCES.get(name) or (_from_import_path(name) if ":" in name else None)
+    if factory is None:
+        raise ConfigError(
+            f"env.source: unknown task source {name!r}; use one of {sorted(TASK_SOURCES)} "
+            "or the import path package.module:attr of your own"
+        )
+    return factory(tasks, seed)
+
+
+def _from_import_path(path: str) -> SourceFactory:
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"env.source {path!r}: {type(exc).__name__}: {exc}; an import path looks like "
+            "package.module:attr, its module importable from this environment"
+        ) from None
+    if not callable(obj):
+        raise ConfigError(
+            f"env.source {path!r} is a {type(obj).__name__}, not a factory (tasks, seed) -> source"
+        )
+    factory: SourceFactory = obj
+    return factory
 
 
 def take(source: TaskSource, n: int) -> list[tuple[int, Task]]:
