@@ -34,6 +34,7 @@ from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training import env_setup
 from steprl.training.batching import packing_unsupported
 from steprl.training.components import Stateful
+from steprl.training.controllers import Controllers
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
@@ -64,6 +65,7 @@ class Parts:
     eval_tasks: list[Task]
     eval_sampling: SamplingParams
     source: TaskSource  # the train tasks (`env.source`)
+    controllers: Controllers  # what each step's results change in the next (KL coefficient, stops)
     #: every run component by name, the source among them: what a checkpoint stores of each
     #: (`training/components.py`) and a resume restores
     components: dict[str, Stateful]
@@ -112,6 +114,7 @@ def build(
     cfg: Config, envs: EnvPool, cleanup: contextlib.ExitStack, log: Callable[[str], None], *, resuming: bool
 ) -> Parts:
     spec = env_setup.env_spec(cfg)
+    controllers = Controllers.for_config(cfg)
     source = make_source(  # first: an unknown env.source stops the run before the model loads
         cfg.env.source, lambda: spec.tasks("train", cfg.run.seed, **cfg.env.task_params), cfg.run.seed
     )
@@ -257,7 +260,8 @@ def build(
         eval_tasks=eval_tasks(cfg, spec, cfg.trainer.eval_tasks),
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
         source=source,
-        components={f"source:{cfg.env.source}": source},
+        controllers=controllers,
+        components={f"source:{cfg.env.source}": source, **controllers.components()},
     )
 
 

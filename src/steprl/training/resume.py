@@ -238,6 +238,12 @@ def checkpoint_state(parts: Parts, state: TrainState) -> dict[str, Any]:
 def restore(parts: Parts, path: Path) -> TrainState:
     """Load a verified checkpoint into the built parts; the engines get its weights."""
     saved = ckpt.load_state(path)
+    if "components" not in saved:  # written before run components (issue 24): not continued
+        raise ConfigError(
+            f"{path}: this checkpoint was written by a steprl from before run components, which "
+            "kept the KL coefficient and guard streaks elsewhere; resume it with that version, or "
+            "start the run afresh with run.overwrite=true"
+        )
     learner, critic = parts.learner, parts.critic
     if saved["adapters"] is not None:
         missing = set(saved["adapters"]) - {n for n, _ in learner.model.named_parameters()}

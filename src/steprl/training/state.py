@@ -50,10 +50,7 @@ class TrainState:
     step: int
     policy_version: int
     rng: RngState
-    kl_beta: float  # the reward-KL coefficient (adaptive controller: its current value)
     env_ids: dict[str, int] = field(default_factory=dict)  # env name -> index (per-env estimators)
-    nonfinite_streak: int = 0  # consecutive steps with a skipped (non-finite) optimizer step
-    failed_streak: int = 0  # consecutive steps over runtime.failure_budget
     #: asynchronous training: tasks admitted but not trained yet (in flight or queued), by
     #: stream position; a resumed run gives them back to the task source, which re-issues them
     #: first (training/pipeline.py); an evicted task is already back in the source
@@ -69,10 +66,7 @@ class TrainState:
                 "python": self.rng.python,
                 "numpy": self.rng.numpy,
             },
-            "kl_beta": self.kl_beta,
             "env_ids": dict(self.env_ids),
-            "nonfinite_streak": self.nonfinite_streak,
-            "failed_streak": self.failed_streak,
             "pending": [(i, task_dict(t)) for i, t in self.pending],
         }
 
@@ -83,10 +77,7 @@ class TrainState:
             step=int(d["step"]),
             policy_version=int(d["policy_version"]),
             rng=RngState(r["shuffle"], r["torch_global"], tuple(r["python"]), r["numpy"]),
-            kl_beta=float(d["kl_beta"]),
             env_ids=dict(d["env_ids"]),
-            nonfinite_streak=int(d.get("nonfinite_streak", 0)),
-            failed_streak=int(d.get("failed_streak", 0)),
             pending=tuple((int(i), task_from_dict(t)) for i, t in d.get("pending", [])),
         )
 

@@ -1,7 +1,8 @@
 """`make_batch`: from the kept groups of one step to `StepBatch`, the one record of what is
-trained. It owns reward shaping, KL in the reward (and its controller), the estimator named
-in the config, post-processing (task normalisation, EMPG) and the LOOP |A| filter, so no
-parallel lists indexed by trajectory are kept in step by hand anywhere else.
+trained. It owns reward shaping, KL in the reward (its coefficient is the controllers'
+current one, `training/controllers/`), the estimator named in the config, post-processing
+(task normalisation, EMPG) and the LOOP |A| filter, so no parallel lists indexed by trajectory
+are kept in step by hand anywhere else.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from steprl.algorithms import filters
-from steprl.algorithms.losses import AdaptiveKLController
 from steprl.config import AlgorithmSection
 from steprl.rollout.views import Sample
 from steprl.training.advantage_batch import attach, build_advantage_inputs
 from steprl.training.build import Parts
+from steprl.training.controllers import Adjustments
 from steprl.training.step_parts import (
     postprocess,
     shaped_rewards,
@@ -39,7 +40,6 @@ class StepBatch:
     trajectories: tuple[Trajectory, ...]  # the trainable ones; `Sample.traj_index` indexes this
     rows: tuple[Row, ...]  # after the LOOP filter: exactly what the learner trains on
     abs_advantage: torch.Tensor  # (len(trajectories),) max |A| per trajectory (before the filter)
-    kl_beta: float  # the reward-KL coefficient after this step (adaptive controller)
     metrics: dict[str, float]
 
     @property
@@ -63,12 +63,13 @@ def make_batch(
     algo: AlgorithmSection,
     *,
     env_ids: dict[str, int],
-    kl_beta: float,
+    settings: Adjustments,
 ) -> StepBatch:
+    """`settings`: the controllers' current adjustments (the KL coefficient, when one sets it)."""
     trainable = tuple(t for g in groups for t in g.trajectories)
     samples = [s for i, t in enumerate(trainable) for s in parts.to_samples(t, i)]
     if not samples:
-        return StepBatch(trainable, (), torch.zeros(0), kl_beta, {})
+        return StepBatch(trainable, (), torch.zeros(0), {})
     learner, critic = parts.learner, parts.critic
     old_values = critic.values(samples) if critic else None
     inputs = build_advantage_inputs(
@@ -83,14 +84,14 @@ def make_batch(
     metrics: dict[str, float] = {}
     if parts.ref_model is not None and algo.kl_in == "reward":
         ref_logp = learner.logprobs_of(samples, parts.ref_model)
-        inputs, reward_kl = with_kl_in_reward(inputs, ref_logp, samples, beta=kl_beta, kind=algo.kl_kind)
-        metrics = {"actor/reward_kl": reward_kl, "actor/reward_kl_coef": kl_beta}
-        if algo.kl_ctrl == "adaptive":  # verl: n_steps = the rows of the batch
-            kl_beta = (
-                AdaptiveKLController(kl_beta, algo.kl_target, algo.kl_horizon)
-                .update(reward_kl, len(samples))
-                .beta
-            )
+        beta = algo.kl_coef if settings.kl_coef is None else settings.kl_coef
+        inputs, reward_kl = with_kl_in_reward(inputs, ref_logp, samples, beta=beta, kind=algo.kl_kind)
+        # the rows before the LOOP filter: verl's n_steps for the adaptive KL controller
+        metrics = {
+            "actor/reward_kl": reward_kl,
+            "actor/reward_kl_coef": beta,
+            "actor/reward_kl_rows": float(len(samples)),
+        }
     out = postprocess(parts.advantage_fn(inputs), inputs, algo)
     with_adv = attach(samples, out)
     abs_adv = trajectory_abs_advantage(out, inputs.row_traj, len(trainable))
@@ -98,7 +99,7 @@ def make_batch(
     if algo.min_abs_advantage > 0:  # LOOP: drop trajectories that carry no signal
         keep = set(filters.loop_abs_adv_keep(abs_adv, algo.min_abs_advantage).tolist())
         rows = [r for r in rows if r.sample.traj_index in keep]
-    return StepBatch(trainable, tuple(rows), abs_adv, kl_beta, metrics)
+    return StepBatch(trainable, tuple(rows), abs_adv, metrics)
 
 
 __all__ = ["Row", "StepBatch", "make_batch"]

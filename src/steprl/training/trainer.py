@@ -3,20 +3,20 @@
 decide the run directory (fresh, resumed or refused; nothing touched) -> build the parts -> make
 the run directory (an earlier run is cleared only now, once every start-up check has passed) ->
 restore a checkpoint -> start the rollout pipeline -> per step: take groups -> make the batch ->
-update -> publish weights (version + 1) -> evaluation, trajectories, metrics, checkpoint -> final
-checkpoint, curve.
+update -> publish weights (version + 1) -> evaluation, trajectories, metrics -> the controllers'
+adjustments for the next step (or a stop) -> checkpoint -> final checkpoint, curve.
 
 Rollouts run in a producer (a background thread, or Ray rollout workers) while the learner
 trains, up to `rollout.max_staleness` policy versions ahead (`training/pipeline.py`). Synchronous
 training is staleness 0 on the same path: each step's rollouts run on the current weights.
 A run stops early, keeping what it finished, on SIGINT/SIGTERM (with a checkpoint of the last
 finished step: at once while it waits on envs, for rollouts, demonstrations or an evaluation,
-whose tasks run again on resume; else after the current step), on `trainer.max_nonfinite_skips`
-steps in a row whose update was skipped as non-finite, on `runtime.max_failed_steps` steps in a
-row over the failure budget, and when the disk refuses a step's outputs (that step is not
-checkpointed: a resume runs it again). A step's trajectories are written before its metrics row.
-Tasks admitted but not trained when a run ends (an asynchronous run admits ahead) are reported in
-one line; the checkpoint keeps them.
+whose tasks run again on resume; else after the current step), when a controller stops it
+(`training/controllers/`: `trainer.max_nonfinite_skips` steps in a row whose update was skipped
+as non-finite, `runtime.max_failed_steps` steps in a row over the failure budget), and when
+the disk refuses a step's outputs (that step is not checkpointed: a resume runs it again). A
+step's trajectories are written before its metrics row. Tasks admitted but not trained when a
+run ends (an asynchronous run admits ahead) are reported in one line; the checkpoint keeps them.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from steprl.hosting.pool import EnvPool
 from steprl.rollout import seeds
 from steprl.training import env_setup, resume
 from steprl.training.build import Parts, build, eval_setup
+from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.evaluate import evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.pipeline import Pipeline, describe_pending
@@ -126,7 +127,7 @@ def _train(
         state.rng.restore(shuffle_rng)
         log(f"resumed from {resume_from} at step {state.step} (policy version {state.policy_version})")
     else:
-        state = TrainState(0, parts.engine.version, RngState.capture(shuffle_rng), cfg.algorithm.kl_coef)
+        state = TrainState(0, parts.engine.version, RngState.capture(shuffle_rng))
     pipeline = start_pipeline(cfg, parts, parts.source, state, log)
     cleanup.callback(pipeline.close)
     metrics_sink = cleanup.enter_context(_open_sinks(cfg, run_dir, state.step, log))
@@ -161,13 +162,14 @@ def _train(
     warm, last_eval = _evals_so_far(run_dir / "metrics.jsonl", state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
+    settings = parts.controllers.current()  # what the controllers set for the next step
 
     # ---- the RL loop ------------------------------------------------------------------------
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
         while state.step < cfg.trainer.total_steps and not stop.signal:
             try:
                 state, metrics, trajectories = run_step(
-                    cfg, parts, pipeline, state, shuffle_rng, log, waiting=stop.interruptible
+                    cfg, parts, pipeline, state, settings, shuffle_rng, log, waiting=stop.interruptible
                 )
             except StopRequested:  # while rollouts ran: their tasks run again on resume
                 if state.step == 0 and resume_from is None:
@@ -183,7 +185,10 @@ def _train(
             _write_outputs(run_dir, step, metrics, trajectories, metrics_sink, traj_writer)
             history.append(metrics)
             progress.update(step, metrics)
-            _check_guards(cfg, state, trajectories, run_dir)
+            # the one place a step's results change the next ones: the controllers' adjustments
+            settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
+            if settings.stop is not None:  # before this step is checkpointed: the last good one stays
+                raise RunAborted(f"{settings.stop}; {_kept(run_dir)}")
             if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
                 resume.save(parts, state, run_dir, cfg)
                 saved_step = step
@@ -239,11 +244,13 @@ def run_step(
     parts: Parts,
     pipeline: Pipeline,
     state: TrainState,
+    settings: Adjustments,
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> tuple[TrainState, dict[str, float], list[Trajectory]]:
-    """One RL step: take and filter groups, make the batch, update, publish the weights.
+    """One RL step: take and filter groups, make the batch (with the controllers' `settings`),
+    update, publish the weights.
     `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
     t0 = time.perf_counter()
     step = state.step + 1
@@ -265,7 +272,7 @@ def run_step(
             "infra/invalid/* and the trajectories' info['error']."
         )
     env_ids = dict(state.env_ids)
-    batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, kl_beta=state.kl_beta)
+    batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, settings=settings)
     stats = parts.learner.update(
         batch.samples,
         epochs=cfg.trainer.epochs,
@@ -284,16 +291,11 @@ def run_step(
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
     if batch.rows:
         pipeline.publish(parts.learner.state_dict_for_engine(), version)
-    skipped = stats.get("actor/nonfinite_skips", 0.0) + stats.get("critic/nonfinite_skips", 0.0)
-    over_budget = bool(collected.metrics["infra/over_budget_rounds"])
     state = TrainState(
         step=step,
         policy_version=version,
         rng=RngState.capture(shuffle_rng),
-        kl_beta=batch.kl_beta,
         env_ids=env_ids,
-        nonfinite_streak=state.nonfinite_streak + 1 if skipped else 0,
-        failed_streak=state.failed_streak + 1 if over_budget else 0,
         pending=tuple(pipeline.pending()),
     )
     t_learn = time.perf_counter() - t0 - t_rollout
@@ -370,26 +372,6 @@ def _write_outputs(
         raise OutputWriteError(
             f"{err}, {then}; the run stopped at step {step}, the outputs of the steps before it are complete"
         ) from err
-
-
-def _check_guards(cfg: Config, state: TrainState, trajectories: list[Trajectory], run_dir: Path) -> None:
-    """NUM-01 and the failure budget: stop the run (non-zero) when a guard trips K steps in a row."""
-    kept = _kept(run_dir)
-    if state.nonfinite_streak >= cfg.trainer.max_nonfinite_skips:
-        raise RunAborted(
-            f"stopped at step {state.step}: {state.nonfinite_streak} steps in a row had a NaN/Inf loss or "
-            f"gradient, so their updates were skipped (trainer.max_nonfinite_skips); {kept}. "
-            "Lower trainer.lr, check the rewards, or raise trainer.grad_clip."
-        )
-    if state.failed_streak >= cfg.runtime.max_failed_steps:
-        errors = [str(t.info.get("error", "")) for t in trajectories if not t.trainable]
-        last_error = next((e for e in reversed(errors) if e), "none recorded")
-        raise RunAborted(
-            f"stopped at step {state.step}: {state.failed_streak} steps in a row had more than "
-            f"{cfg.runtime.failure_budget:.0%} of trajectories fail in the environment "
-            f"(backend {cfg.runtime.backend}, runtime.max_failed_steps); "
-            f"last error: {last_error[:300]}; {kept}"
-        )
 
 
 @contextlib.contextmanager

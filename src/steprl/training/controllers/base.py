@@ -1,0 +1,48 @@
+"""What every controller shares: the step it reads (`StepReport`), what it returns
+(`Adjustments`), and the protocol itself. A controller is a `Stateful` run component: its state
+is checkpointed under its name and restored on resume."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from steprl.training.components import Stateful
+from steprl.types import Trajectory
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One finished step, as the controllers see it."""
+
+    step: int
+    metrics: Mapping[str, float]  # the step's metrics row (evaluation included, when it ran)
+    trajectories: Sequence[Trajectory] = field(default=())  # every rollout of the step
+
+
+@dataclass(frozen=True)
+class Adjustments:
+    """What the next step does differently; None leaves the config's value. The trainer merges
+    every controller's record (the first value set wins) and passes it to `make_batch`."""
+
+    kl_coef: float | None = None  # the reward-KL coefficient (algorithm.kl_coef otherwise)
+    stop: str | None = None  # stop the run (non-zero) with this reason, one line
+
+
+class Controller(Stateful, Protocol):
+    """Reads each finished step and says what the next one changes."""
+
+    #: the metrics it reads: the checker feeds exactly these
+    reads: tuple[str, ...]
+
+    def current(self) -> Adjustments:
+        """What it sets for the next step, from its state alone (the start, or a resume)."""
+        ...
+
+    def observe(self, report: StepReport) -> Adjustments:
+        """Take one finished step into its state; what the next step changes, or a stop."""
+        ...
+
+
+__all__ = ["Adjustments", "Controller", "StepReport"]
