@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from steprl.errors import UserError
+
 
 @runtime_checkable
 class Stateful(Protocol):
@@ -36,7 +38,7 @@ def load_component_states(components: Mapping[str, Stateful], saved: Mapping[str
     nothing would silently continue a different run."""
     missing, extra = set(components) - set(saved), set(saved) - set(components)
     if missing or extra:
-        raise ValueError(
+        raise UserError(  # one line: e.g. a resume under run.allow_config_change that changed kl_ctrl
             f"the checkpoint's run components do not match this run's: missing {sorted(missing)}, "
             f"unexpected {sorted(extra)}; resume with the configuration the run was started with"
         )
