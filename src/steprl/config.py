@@ -332,6 +332,9 @@ class TrainerSection(_Section):
     max_nonfinite_skips: int = Field(3, gt=0)
     # NUM-02: a pre-clip gradient norm above grad_spike_factor * grad_clip is flagged
     grad_spike_factor: float = Field(100.0, gt=1)
+    # controllers beyond those the config implies (the guards; adaptive_kl): registered names or
+    # import paths package.module:attr of your own (training/controllers/, docs/components.md)
+    controllers: list[str] = []
 
     @field_validator("betas")
     @classmethod

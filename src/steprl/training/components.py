@@ -12,9 +12,13 @@ reads back: numbers, strings, bools, None, lists, tuples, dicts and tensors.
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from steprl.config import ConfigError
 from steprl.errors import UserError
 
 
@@ -46,4 +50,25 @@ def load_component_states(components: Mapping[str, Stateful], saved: Mapping[str
         component.load_state_dict(saved[name])
 
 
-__all__ = ["Stateful", "component_states", "load_component_states"]
+def load_attr(path: str, key: str) -> Any:
+    """What the import path ``package.module:attr`` names: a component of your own, given in the
+    config key `key` (`env.source`, `trainer.controllers`). The working directory is searched
+    too (appended: it never shadows), as for envs. A path that does not resolve is one line."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{key}: {path!r} is not an import path; it looks like package.module:attr")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"{key} {path!r}: {type(exc).__name__}: {exc}; an import path looks like "
+            "package.module:attr, its module importable from this environment"
+        ) from None
+    return obj
+
+
+__all__ = ["Stateful", "component_states", "load_attr", "load_component_states"]

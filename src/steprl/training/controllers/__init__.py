@@ -5,7 +5,9 @@ A run's controllers are derived from its config (`ControllerSpec.used`); the tra
 once per step (`Controllers.observe`) and passes the merged `Adjustments` to the next step. Each
 one's state is checkpointed under its name, so a resume continues it exactly. To add one: a file
 here with a class that follows `Controller`, and one entry in `CONTROLLERS`;
-`check_controller` (run by the tests over every entry) checks it.
+`check_controller` (run by the tests over every entry) checks it. A controller of your own
+needs no edit here: `trainer.controllers: [package.module:attr]` names a factory (cfg) ->
+controller, or a `ControllerSpec` (docs/components.md).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from steprl.config import Config
-from steprl.training.components import Stateful
+from steprl.config import Config, ConfigError
+from steprl.training.components import Stateful, load_attr
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
 from steprl.training.controllers.base import Adjustments, Controller, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
@@ -41,6 +43,26 @@ CONTROLLERS: dict[str, ControllerSpec] = {
 }
 
 
+def controller_spec(name: str) -> ControllerSpec:
+    """The controller `name`: an entry of `CONTROLLERS`, or the import path of your own (a
+    `ControllerSpec`, or a factory (cfg) -> controller, used whenever it is named)."""
+    if name in CONTROLLERS:
+        return CONTROLLERS[name]
+    if ":" not in name:
+        raise ConfigError(
+            f"trainer.controllers: unknown controller {name!r}; use one of {sorted(CONTROLLERS)} "
+            "or the import path package.module:attr of your own"
+        )
+    obj = load_attr(name, "trainer.controllers")
+    if isinstance(obj, ControllerSpec):
+        return obj
+    if not callable(obj):
+        raise ConfigError(
+            f"trainer.controllers {name!r} is a {type(obj).__name__}, not a factory (cfg) -> controller"
+        )
+    return ControllerSpec(obj, lambda cfg: True)
+
+
 def merge(adjustments: Sequence[Adjustments]) -> Adjustments:
     """One record: for each field the first value set (None: the config's value stays)."""
     return Adjustments(
@@ -59,7 +81,11 @@ class Controllers:
 
     @staticmethod
     def for_config(cfg: Config) -> Controllers:
-        return Controllers({name: spec.make(cfg) for name, spec in CONTROLLERS.items() if spec.used(cfg)})
+        """The registered controllers the config uses, then those `trainer.controllers` names
+        (in its order; the first stop reported wins)."""
+        named = {name: controller_spec(name) for name in cfg.trainer.controllers}
+        specs = {name: spec for name, spec in CONTROLLERS.items() if spec.used(cfg)} | named
+        return Controllers({name: spec.make(cfg) for name, spec in specs.items()})
 
     def components(self) -> dict[str, Stateful]:
         """By the name their states are checkpointed under."""
@@ -78,12 +104,12 @@ class ControllerCheckError(Exception):
 
 
 def check_controller(name: str, cfg: Config, *, seed: int = 0, steps: int = 24, split: int = 9) -> None:
-    """Check the registered controller `name` on a random metrics sequence of what it reads
-    (now and then none of it, as on a step that trained nothing): the same sequence
+    """Check the controller `name` (registered, or an import path) on a random metrics sequence
+    of what it reads (now and then none of it, as on a step that trained nothing): the same sequence
     gives the same adjustments; its state survives `torch.save`/`torch.load(weights_only=True)`;
     and a fresh one loaded with the state after `split` steps gives the same adjustments for
     the rest. Raises `ControllerCheckError` naming what failed."""
-    spec = CONTROLLERS[name]
+    spec = controller_spec(name)
     if not spec.used(cfg):
         raise ControllerCheckError(f"{name}: the config given does not use it; pass one that does")
     reports = _reports(spec.make(cfg).reads, seed, steps)
@@ -127,5 +153,6 @@ __all__ = [
     "Controllers",
     "StepReport",
     "check_controller",
+    "controller_spec",
     "merge",
 ]

@@ -14,12 +14,11 @@ edit here: `env.source: package.module:attr` names its factory (as `env.name` na
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from steprl.config import ConfigError
-from steprl.training.components import Stateful
+from steprl.training.components import Stateful, load_attr
 from steprl.training.sources.stream import StreamSource
 from steprl.types import Group, Task
 
@@ -64,16 +63,7 @@ def make_source(name: str, tasks: Callable[[], Iterator[Task]], seed: int) -> Ta
 
 
 def _from_import_path(path: str) -> SourceFactory:
-    module_name, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(
-            f"env.source {path!r}: {type(exc).__name__}: {exc}; an import path looks like "
-            "package.module:attr, its module importable from this environment"
-        ) from None
+    obj = load_attr(path, "env.source")
     if not callable(obj):
         raise ConfigError(
             f"env.source {path!r} is a {type(obj).__name__}, not a factory (tasks, seed) -> source"
