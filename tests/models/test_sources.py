@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from gemma_cache import gemma_lock
 from steprl.errors import UserError
 from steprl.extras import MissingExtra, missing_message
 from steprl.models import sources
@@ -218,7 +219,8 @@ def _render(tokenizer, conversation, **kw):
 def test_gemma_converts_once_and_reloads_fast():
     lines: list[str] = []
     t0 = time.perf_counter()
-    first, _ = _load("gemma-3-270m", cache_dir=REPO_CACHE, log=lines.append)
+    with gemma_lock():  # another test process may be converting it right now
+        first, _ = _load("gemma-3-270m", cache_dir=REPO_CACHE, log=lines.append)
     first_s = time.perf_counter() - t0
     model, tok = first.model, first.tokenizer
     assert type(model).__name__ == "Gemma3ForCausalLM"

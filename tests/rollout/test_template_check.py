@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from gemma_cache import converted_gemma
 from steprl import cli
 from steprl.models import qwen3_testbed
 from steprl.rollout.chat_format import ChatFormat
@@ -283,7 +284,6 @@ def test_entry_point_exit_codes(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_entry_point_gemma_passes() -> None:
-    if not (REPO / ".cache" / "steprl" / "gemma-3-270m" / "tokenizer.json").exists():
-        pytest.skip("Gemma-3-270M's converted cache .cache/steprl/gemma-3-270m is absent")
+    converted_gemma()  # the command finds it in the checkout's cache
     code, out = _run("check-template", "gemma-3-270m")
     assert code == 0, out

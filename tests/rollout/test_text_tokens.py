@@ -1,8 +1,8 @@
 """BAD-09: special-token strings in env text stay text, for every tokenizer steprl trains with.
 
 The tiny tokenizer (with `PlainFormat`, whose encoder also keeps its call/reasoning tags as
-text), the real Qwen3 tokenizer (with `ChatFormat`) and, when its converted cache directory is
-there, Gemma-3-270M's. For each: an observation holding a control string round-trips to the same
+text), the real Qwen3 tokenizer (with `ChatFormat`) and Gemma-3-270M's (converted once per
+checkout, `tests/gemma_cache.py`). For each: an observation holding a control string round-trips to the same
 text and holds no control id; text without control strings gets the tokenizer's own ids; and a
 property test on strings glued from fragments of control strings.
 """
@@ -13,20 +13,17 @@ import string
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache, cached_property
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gemma_cache import converted_gemma
 from steprl.models import qwen3_testbed, tiny
 from steprl.rollout.chat import TEXT_ONLY_TAGS, PlainFormat
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.text_tokens import TextEncoder, control_strings
-
-REPO = Path(__file__).resolve().parents[2]
-GEMMA_DIR = REPO / ".cache" / "steprl" / "gemma-3-270m"
 
 #: Control strings of the families steprl meets, whether or not a given tokenizer has them.
 HOSTILE = (
@@ -111,14 +108,9 @@ def _subject(name: str) -> Subject:
     if name == "qwen3":
         tok = qwen3_testbed.load_tokenizer()
     else:
-        if not (GEMMA_DIR / "tokenizer.json").exists():
-            pytest.skip(
-                f"Gemma-3-270M's converted cache {GEMMA_DIR} is absent (build it with "
-                "`steprl check-template gemma-3-270m` or steprl.models.sources.gemma_dir)"
-            )
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(GEMMA_DIR)
+        tok = AutoTokenizer.from_pretrained(converted_gemma())
     fmt = ChatFormat(tok)
     # any character but lone surrogates (not encodable) and U+2581 (see the Gemma xfail below)
     alphabet = st.characters(blacklist_categories=("Cs",), blacklist_characters="\u2581")

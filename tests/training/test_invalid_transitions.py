@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cli_runs import run_steprl
+from cli_runs import train_hang_env
 from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.check import EnvCheckError, check_spec
 from steprl.envs.contract import REASONS, transition_problem
@@ -27,7 +26,6 @@ from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.types import EndReason, Task
 
-ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"reward_components": {"outcome": 1.0}, "action_kind": "answer"}
 
 
@@ -128,36 +126,11 @@ def test_an_env_without_reward_components_or_action_kind_passes_and_its_reward_i
 
 @pytest.mark.e2e
 def test_a_str_reward_through_training_is_infra_failed_counted_and_said_once(tmp_path):
-    tiny_run = [
-        "model.tiny.hidden_size=32",
-        "model.tiny.num_layers=1",
-        "model.tiny.num_heads=2",
-        "model.tiny.intermediate_size=64",
-        "model.init=scratch",
-        "env.name=hang",
+    rc, out = train_hang_env(
+        tmp_path,
         "env.params={bad_on: train, reward_as: str}",  # every training episode; eval is fine
-        "rollout.max_turns=2",
-        "rollout.max_tokens_per_turn=8",
-        "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
         "runtime.failure_budget=1.0",  # the run goes on: the point is what each step counts
         "trainer.total_steps=2",
-        "trainer.eval_tasks=2",
-        "trainer.eval_every=0",
-        "logging.progress=false",
-        "logging.tensorboard=false",
-        f"run.output_dir={tmp_path}",
-    ]
-    rc, out = run_steprl(
-        [
-            "train",
-            "configs/calculator_tiny.yaml",
-            "--plugin",
-            "hang_envs",
-            *[x for s in tiny_run for x in ("--set", s)],
-        ],
-        ROOT,
-        pythonpath=[ROOT / "tests" / "hosting"],
     )
     assert rc == 0, out
     said = [line for line in out.splitlines() if "infra/invalid/reward_type" in line]

@@ -8,12 +8,11 @@ import copy
 import functools
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
-from cli_runs import run_steprl
+from cli_runs import train_hang_env
 from steprl.algorithms import POLICY_LOSSES
 from steprl.algorithms.advantages import grpo
 from steprl.envs.base import Observation
@@ -26,8 +25,6 @@ from steprl.training.step_parts import SyncSource, collect_groups, valid
 from steprl.training.trainer import describe_eval, train
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 from tiny_runs import small_config
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _learner(model, loss_fn=None, grad_clip=1.0):
@@ -249,36 +246,11 @@ def test_num03_a_run_whose_rewards_are_all_nan_stops_k_steps_in_a_row_with_one_l
     NaN reward breaks the env contract: its trajectory ends infra_failed (counted in
     infra/invalid/reward_not_finite), each step over the failure budget is an ALERT, and
     `runtime.max_failed_steps` of them in a row stop the run, non-zero, in one line."""
-    sets = [
-        "model.tiny.hidden_size=32",
-        "model.tiny.num_layers=1",
-        "model.tiny.num_heads=2",
-        "model.tiny.intermediate_size=64",
-        "model.init=scratch",
-        "env.name=hang",
+    rc, out = train_hang_env(
+        tmp_path,
         "env.params={bad_on: train, reward_as: nan}",
-        "rollout.max_turns=2",
-        "rollout.max_tokens_per_turn=8",
-        "rollout.tasks_per_step=2",
-        "rollout.group_size=2",
         "runtime.max_failed_steps=2",
         "trainer.total_steps=10",
-        "trainer.eval_tasks=2",
-        "trainer.eval_every=0",
-        "logging.progress=false",
-        "logging.tensorboard=false",
-        f"run.output_dir={tmp_path}",
-    ]
-    rc, out = run_steprl(
-        [
-            "train",
-            "configs/calculator_tiny.yaml",
-            "--plugin",
-            "hang_envs",
-            *[x for s in sets for x in ("--set", s)],
-        ],
-        ROOT,
-        pythonpath=[ROOT / "tests" / "hosting"],
     )
     lines = out.splitlines()
     assert rc == 1 and "Traceback" not in out, out
