@@ -48,3 +48,27 @@ def small_config(
             *extra,
         ],
     )
+
+
+def save_small_llama(path: Path, tokenizer: Any) -> Path:
+    """A small random-init Llama (seed 0) saved with `tokenizer` (the embedded one has a pad
+    token) as a Hugging Face directory at `path`: a real model class for loading tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

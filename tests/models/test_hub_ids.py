@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from cli_runs import STEPRL, assert_one_line
+from tiny_runs import save_small_llama
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LOAD = """
@@ -40,16 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, dic
     tmp = tmp_path_factory.mktemp("hub")
     repo = tmp / "hub" / "models--steprl-test--tiny-llama"
     snapshot = repo / "snapshots" / COMMIT
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-    )
-    LlamaForCausalLM(config).save_pretrained(snapshot)
-    tokenizer.save_pretrained(snapshot)
+    save_small_llama(snapshot, tokenizer)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
     env = {

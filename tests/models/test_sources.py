@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from gemma_cache import gemma_lock
 from steprl.errors import UserError
@@ -18,6 +18,7 @@ from steprl.extras import MissingExtra, missing_message
 from steprl.models import sources
 from steprl.models.sources import ModelLoadError, check_device_dtype, load_pretrained
 from steprl.models.templates import GEMMA3_CHAT_TEMPLATE
+from tiny_runs import save_small_llama
 
 REPO_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "steprl"
 
@@ -26,22 +27,7 @@ REPO_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "steprl"
 def llama_dir(tmp_path_factory, tokenizer):
     """A small random-init Llama saved with the embedded tokenizer (which has a pad token)."""
     path = tmp_path_factory.mktemp("llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_small_llama(path, tokenizer)
 
 
 def _load(name, *, dtype="float32", device="cpu", chat_template=None, cache_dir=None, log=None):
