@@ -270,7 +270,9 @@ def test_calls_of_one_tick_share_an_actor_call_and_a_slow_one_holds_back_no_othe
         await asyncio.gather(*(e.close() for e in envs))
         assert after["calls"] - before["calls"] == len(envs)
         assert after["batches"] - before["batches"] == 1  # one actor call for the 6 steps
-        assert after.get("late", 0) - before.get("late", 0) == 1  # the slow one, fetched on its own
+        # the slow one is fetched on its own; under a loaded CI machine a quick step may also
+        # outlast HOLD_S (5 ms) and be fetched the same way, which is correct, so not "== 1"
+        assert 1 <= after.get("late", 0) - before.get("late", 0) < len(envs)
         return done_at, observations
 
     done_at, observations = asyncio.run(go())
