@@ -32,7 +32,7 @@ from steprl.models import qwen3_testbed
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.engines.hf import EngineSettings, HFEngine
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
@@ -313,7 +313,7 @@ def _pool(model, tokenizer, num_workers, seed, envs=WorkerEnvs("calculator")):
         rule=rule,
         sampling=sampling,
         budgets=budgets,
-        seed=seed,
+        engine_settings=EngineSettings(seed=seed),
         # CPU matmuls split their sums by thread: the same thread count gives the same bits
         torch_threads=torch.get_num_threads(),
         cpus_per_worker=1.0 / num_workers,
@@ -332,7 +332,6 @@ def test_one_rollout_worker_is_bit_identical_to_in_process_and_sync_weights_appl
             for p in new.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
         pool.sync_weights(new.state_dict(), version=1)
-        pool.reseed(5)
         after = pool.rollout_groups(tasks, 2, seed=3)
         assert after == _in_process(new, tokenizer, tasks, seed=3, engine_seed=5, version=1)
         assert [t.steps[0].action_ids for g in after for t in g.trajectories] != [

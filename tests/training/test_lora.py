@@ -20,7 +20,7 @@ peft = pytest.importorskip("peft")
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from steprl.models import tiny  # noqa: E402
-from steprl.rollout.engines.hf import HFEngine  # noqa: E402
+from steprl.rollout.engines.hf import EngineSettings, HFEngine  # noqa: E402
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
 from steprl.training.batching import token_logprobs  # noqa: E402
 from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint  # noqa: E402
@@ -210,9 +210,8 @@ def test_a_rollout_worker_merges_an_adapter_update(tokenizer, base):
         rule=AppendOnly(),
         sampling=SamplingParams(),
         budgets=Budgets(max_turns=1, max_tokens_per_turn=4),
-        seed=0,
+        engine_settings=EngineSettings(max_batch_size=8),
         version=0,
-        max_batch_size=8,
         torch_threads=torch.get_num_threads(),
     )
     pm = apply_lora(base, _spec()).eval()
@@ -260,7 +259,7 @@ def test_ray_rollout_pool_syncs_adapter_updates(tokenizer):
             rule=rule,
             sampling=sampling,
             budgets=budgets,
-            seed=5,
+            engine_settings=EngineSettings(seed=5),
             torch_threads=torch.get_num_threads(),  # same thread count: the same bits
         )
         try:

@@ -37,7 +37,7 @@ from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.engines.hf import EngineSettings, HFEngine
 from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.loop import Budgets, RolloutSetup, failed_group, rollout_groups
 from steprl.types import Group, Task
@@ -76,24 +76,14 @@ class RolloutWorker:
         rule: ContextRule,
         sampling: SamplingParams,
         budgets: Budgets,
-        seed: int,
+        engine_settings: EngineSettings,
         version: int,
-        max_batch_size: int,
         torch_threads: int,
-        prefix_cache_bytes: int = 1 << 30,
-        continuous: bool = True,
     ) -> None:
         torch.set_num_threads(torch_threads)
         load_plugins(envs.plugins)
-        self.engine = HFEngine(
-            model,
-            eos_token_id=fmt.eos_token_id,
-            pad_token_id=pad_token_id,
-            max_batch_size=max_batch_size,
-            seed=seed,
-            version=version,
-            prefix_cache_bytes=prefix_cache_bytes,
-            continuous=continuous,
+        self.engine = HFEngine.with_settings(  # on CPU (the worker's share of CPUs)
+            model, engine_settings, eos_token_id=fmt.eos_token_id, pad_token_id=pad_token_id, version=version
         )
         params = dict(envs.params)
         self._backend: RayEnvBackend | None = None
@@ -130,9 +120,6 @@ class RolloutWorker:
 
     async def version(self) -> int:
         return self.engine.version
-
-    async def reseed(self, seed: int) -> None:
-        self.engine.reseed(seed)
 
     async def pid(self) -> int:
         return os.getpid()
@@ -172,17 +159,15 @@ class RayRolloutPool:
         rule: ContextRule,
         sampling: SamplingParams,
         budgets: Budgets,
-        seed: int,
+        engine_settings: EngineSettings,
         version: int = 0,
-        max_batch_size: int = 256,
-        prefix_cache_bytes: int = 1 << 30,
-        continuous: bool = True,
         cpus_per_worker: float = 1.0,
         torch_threads: int | None = None,
         rollout_timeout_s: float | None = None,
         start_timeout_s: float = 300.0,
     ) -> None:
-        """`model` is copied into each worker (pickled once into the object store).
+        """`model` is copied into each worker (pickled once into the object store); each
+        worker's engine has the run's `engine_settings`, as the in-process engine does.
         `rollout_timeout_s` bounds one `rollout_groups` call per worker; a worker past it is
         killed and replaced, its share `infra_failed` (None: no deadline beyond the env's)."""
         if num_workers < 1:
@@ -193,7 +178,6 @@ class RayRolloutPool:
         self.rollout_timeout_s = rollout_timeout_s
         #: (worker index, why) for every worker replaced after dying or passing the deadline
         self.replaced: list[tuple[int, str]] = []
-        self._seed = seed
         self._version = version
         self._weights_ref: Any = None  # the latest synced state dict, to rebuild a dead worker
         self._model_ref = ray.put(_without_capture_hooks(model))
@@ -205,9 +189,7 @@ class RayRolloutPool:
             "rule": rule,
             "sampling": sampling,
             "budgets": budgets,
-            "max_batch_size": max_batch_size,
-            "prefix_cache_bytes": prefix_cache_bytes,
-            "continuous": continuous,
+            "engine_settings": engine_settings,
             "torch_threads": torch_threads or max(1, int(cpus_per_worker)),
         }
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
@@ -280,11 +262,6 @@ class RayRolloutPool:
         self._version = version
         self._broadcast("update_weights", lambda k: (self._weights_ref, version))
 
-    def reseed(self, seed: int) -> None:
-        """Reseed every worker's sampler (all with `seed`: episode seeds already differ)."""
-        self._seed = seed
-        self._broadcast("reseed", lambda k: (seed,))
-
     def worker_pids(self) -> list[int]:
         return [int(p) for p in ray.get([w.pid.remote() for w in self._workers])]
 
@@ -298,12 +275,12 @@ class RayRolloutPool:
         for k, ref in enumerate(refs):
             try:
                 ray.get(ref)
-            except RayError as exc:  # a dead worker is rebuilt with the current weights and seed
+            except RayError as exc:  # a dead worker is rebuilt with the current weights
                 self._replace(k, type(exc).__name__)
 
     def _spawn(self, index: int) -> Any:
         worker: Any = _RolloutWorkerActor.options(**self._options).remote(
-            self._model_ref, seed=self._seed, version=self._version, **self._kwargs
+            self._model_ref, version=self._version, **self._kwargs
         )
         if self._weights_ref is not None:  # calls to one actor run in submission order
             worker.update_weights.remote(self._weights_ref, self._version)

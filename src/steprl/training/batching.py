@@ -43,7 +43,6 @@ class Batch:
     old_logp: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
-    positions: torch.Tensor | None = None
     pred: torch.Tensor | None = None
     layout: Layout | None = None
     trees: tuple[Tree, ...] | None = None  # packed: the forward runs over these (tree_forward.py)
@@ -59,7 +58,6 @@ class Batch:
             self.old_logp.to(device),
             self.advantages.to(device),
             self.returns.to(device),
-            move(self.positions),
             move(self.pred),
             self.layout,
             self.trees,
@@ -144,7 +142,7 @@ def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
     trained = tuple(torch.tensor(s.loss_mask[1:], dtype=torch.float32) for s in samples)
     layout = Layout(tuple(rows), tuple(cols), trained)
     mask = f["mask"]
-    return Batch(ids, valid, mask, f["old"], f["adv"] * mask, f["ret"], None, pred, layout, tuple(trees))
+    return Batch(ids, valid, mask, f["old"], f["adv"] * mask, f["ret"], pred, layout, tuple(trees))
 
 
 #: Size of one fp32 (chunk, V) logits block. The head's live memory is a small multiple of it
@@ -152,9 +150,7 @@ def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
 CHUNK_BYTES = 64 * 2**20
 
 
-def last_hidden(
-    model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor | None = None
-) -> torch.Tensor:
+def last_hidden(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     """Final hidden states (B, T, H) of a causal LM, after its final norm, without (B, T, V) logits.
 
     `logits_to_keep=1` makes the model apply its head to the last position only, and transformers
@@ -166,7 +162,6 @@ def last_hidden(
     out = model(
         input_ids=input_ids,
         attention_mask=attention,
-        position_ids=positions,
         output_hidden_states=True,
         logits_to_keep=1,
     )
@@ -180,7 +175,7 @@ def batch_hidden(model: nn.Module, b: Batch) -> torch.Tensor:
     """Final hidden states (B, T, H) of a batch: of its rows, or of each packed tree's nodes."""
     if b.trees is not None:
         return tree_hidden(model, b.trees, b.input_ids.device)
-    return last_hidden(model, b.input_ids, b.attention, b.positions)
+    return last_hidden(model, b.input_ids, b.attention)
 
 
 def packing_unsupported(model: nn.Module) -> str | None:

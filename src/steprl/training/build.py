@@ -23,10 +23,9 @@ from steprl.envs.deadline import take_tasks
 from steprl.envs.spec import EnvSpec
 from steprl.errors import UserError
 from steprl.hosting.pool import EnvPool
-from steprl.models.sources import DTYPES
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
-from steprl.rollout.context import CONTEXT_RULES, ContextRule
+from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
 from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
@@ -39,6 +38,7 @@ from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
+from steprl.training.rollout_parts import context_rule, engine_for, engine_settings
 from steprl.training.sources import TaskSource, make_source
 from steprl.types import Task, Trajectory
 
@@ -86,7 +86,7 @@ def rollout_setup(
     cfg: Config, engine: Engine, fmt: PromptFormat, envs: EnvPool, sampling: SamplingParams
 ) -> RolloutSetup:
     """The agent loop's set-up: shared by training, evaluation and `steprl eval`."""
-    rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt)
+    rule = context_rule(cfg, fmt)
     return RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
 
 
@@ -133,10 +133,8 @@ def build(
     if cfg.model.lora is not None and not is_peft(policy.model):  # (a warm start applies it first)
         policy.model = apply_lora(policy.model, cfg.model.lora, log)
     engine_model = plain_base(policy.model) if is_peft(policy.model) else copy.deepcopy(policy.model)
-    if cfg.model.engine_dtype != "auto":  # e.g. bf16 generation (2.2x faster on CPU) for an fp32 learner
-        engine_model = engine_model.to(DTYPES[cfg.model.engine_dtype])
     fmt = env_setup.prompt_format(cfg, policy.tokenizer)
-    rule = CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt)
+    rule = context_rule(cfg, fmt)
     per_turn = env_setup.check_prompt_format(fmt, cfg, log)  # a chat template that fails: refused
     # append-only context: one packed sequence per trajectory; other rules: one row per step
     to_samples: ToSamples = (
@@ -144,17 +142,7 @@ def build(
     )
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
-    # Its seed is the run's for the whole run: every request carries its own (rollout/seeds.py).
-    engine = HFEngine(
-        engine_model,
-        eos_token_id=policy.tokenizer.eos_token_id,
-        pad_token_id=policy.tokenizer.pad_token_id,
-        device=cfg.model.device,
-        max_batch_size=cfg.rollout.max_batch_size,
-        seed=cfg.run.seed,
-        prefix_cache_bytes=cfg.rollout.prefix_cache_mib << 20,
-        continuous=cfg.rollout.continuous_batching,
-    )
+    engine = engine_for(cfg, engine_model, policy.tokenizer)
     algo = cfg.algorithm
     loss_spec = POLICY_LOSSES[algo.policy_loss]
     # a frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the base
@@ -218,7 +206,7 @@ def build(
         from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 
         remote = RayRolloutPool(
-            engine_model,  # a plain model (LoRA: the base; adapter updates are merged into it)
+            engine.model,  # a plain model (LoRA: the base; adapter updates are merged into it)
             fmt,
             pad_token_id=policy.tokenizer.pad_token_id,
             num_workers=cfg.runtime.rollout_workers,
@@ -233,10 +221,7 @@ def build(
             rule=rule,
             sampling=sampling,
             budgets=budgets(cfg),
-            seed=cfg.run.seed,
-            max_batch_size=cfg.rollout.max_batch_size,
-            prefix_cache_bytes=cfg.rollout.prefix_cache_mib << 20,
-            continuous=cfg.rollout.continuous_batching,
+            engine_settings=engine_settings(cfg),
             torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
         )
         cleanup.callback(remote.close)

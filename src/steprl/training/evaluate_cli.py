@@ -1,5 +1,6 @@
-"""Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`): the env, tasks, backend
-and prompt format come from the checkpoint's config, as in training (`training/build.py`)."""
+"""Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`): the env, tasks, backend,
+prompt format and engine settings come from the checkpoint's config, as in training
+(`training/build.py`)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,18 @@ from transformers import AutoTokenizer
 from steprl.config import Config
 from steprl.rollout import seeds
 from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
 from steprl.training import env_setup
 from steprl.training.build import eval_tasks, rollout_setup
 from steprl.training.checkpoint import load_checkpoint_model
 from steprl.training.evaluate import evaluate
+from steprl.training.rollout_parts import engine_for
 
 
 def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperature: float) -> dict[str, float]:
     transformers.utils.logging.disable_progress_bar()
     model = load_checkpoint_model(checkpoint, dtype=torch.float32)  # LoRA: the base, adapters merged
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    engine = HFEngine(
-        model,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        device=cfg.model.device,
-        seed=cfg.run.seed,
-    )
+    engine = engine_for(cfg, model, tokenizer)  # the run's engine settings, as in training
     fmt = env_setup.prompt_format(cfg, tokenizer)
     with env_setup.env_pool(cfg) as envs:
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature))

@@ -25,11 +25,11 @@ from steprl.envs.spec import EnvSpec
 from steprl.errors import UserError
 from steprl.models import qwen3_testbed, tiny
 from steprl.models.sources import DTYPES, cache_root, check_device_dtype, load_pretrained
-from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
 from steprl.training import sft
 from steprl.training.pretrained_sft import warm_start
+from steprl.training.rollout_parts import context_rule
 from steprl.types import Task
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.
@@ -186,7 +186,7 @@ def load_policy(
             make_env=make_env,
             fmt=fmt,
             seed=s.seed + len(phase),
-            rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt),
+            rule=context_rule(cfg, fmt),
             budgets=Budgets(*setup.budgets(cfg)),  # the demos fit what RL will show the model
             log=log,
         )

@@ -18,11 +18,11 @@ from typing import Any
 
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env
-from steprl.rollout.context import CONTEXT_RULES
 from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
 from steprl.training import sft
 from steprl.training.lora import apply_lora, is_peft
+from steprl.training.rollout_parts import context_rule
 from steprl.types import Task
 
 
@@ -56,7 +56,7 @@ def warm_start(
         make_env=make_env,
         fmt=fmt,
         seed=s.seed,
-        rule=CONTEXT_RULES[cfg.rollout.context](cfg.rollout.keep_last_k, fmt),
+        rule=context_rule(cfg, fmt),
         budgets=Budgets(*setup.budgets(cfg)),
         log=log,
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +34,19 @@ from steprl.rollout.engines.sampling import request_uniforms, sample_from_logits
 #: Waiting requests join a running batch only if it may still decode more steps than this:
 #: closer to its end, they lose less by waiting than a join (a prefill and a cache copy) costs.
 JOIN_MIN_STEPS = 4
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a run's engines batch, cache and sample: one record (`training/rollout_parts.py`
+    builds it from the config) for every engine of a run, in-process and on Ray rollout workers,
+    so their settings cannot drift apart. Where the weights live (device, dtype) is not here: that
+    is each process's own."""
+
+    max_batch_size: int = 256
+    seed: int = 0  # every request carries its own seed too (`rollout/seeds.py`)
+    prefix_cache_bytes: int = 1 << 30  # 0: re-prefill every turn
+    continuous: bool = True  # False: a batch runs until its last row finishes
 
 
 class HFEngine:
@@ -75,14 +89,33 @@ class HFEngine:
             else None
         )
 
+    @classmethod
+    def with_settings(
+        cls,
+        model: torch.nn.Module,
+        settings: EngineSettings,
+        *,
+        eos_token_id: int,
+        pad_token_id: int,
+        device: str = "cpu",
+        version: int = 0,
+    ) -> HFEngine:
+        """An engine with a run's `settings` (how every engine of a run is built)."""
+        return cls(
+            model,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            device=device,
+            max_batch_size=settings.max_batch_size,
+            seed=settings.seed,
+            version=version,
+            prefix_cache_bytes=settings.prefix_cache_bytes,
+            continuous=settings.continuous,
+        )
+
     @property
     def version(self) -> int:
         return self._version
-
-    def reseed(self, seed: int) -> None:
-        """New sampling streams: for seeded requests and for the generator of unseeded ones."""
-        self.seed = seed
-        self.generator.manual_seed(seed)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
         """Load new policy weights in place and bump the policy version. Call it on the
@@ -195,4 +228,4 @@ class HFEngine:
             loop.close()
 
 
-__all__ = ["HFEngine", "request_uniforms", "sample_from_logits"]
+__all__ = ["EngineSettings", "HFEngine", "request_uniforms", "sample_from_logits"]
