@@ -89,7 +89,7 @@ class Env(Protocol):
     set them as class or instance attributes. A class that does not subclass it must define
     `system_prompt` and `stop_strings`; without `tools` it has none (`env_tools`). A read-only
     property satisfies them too (remote envs learn them when the instance is made or reset), and
-    every wrapper of an env (pool, HTTP, Ray, demos) must forward all three.
+    every wrapper of an env (pool, HTTP, Ray, demos) must forward all three (`EnvWrapper` does).
     """
 
     if TYPE_CHECKING:  # the core only reads them: a property is as good as an attribute
@@ -134,6 +134,33 @@ def env_tools(env: Env) -> Mapping[str, ToolSpec]:
     if isinstance(tools, Mapping):
         return tools
     return {t.name: t for t in tools}  # a list of tools is read as the mapping it names
+
+
+class EnvWrapper:
+    """Wraps one env (`self.env`) and forwards the members the core reads, as it reads them:
+    `system_prompt` and `stop_strings` as they are (a missing one stays missing), `tools` through
+    `env_tools` (none where the env has none). A wrapper subclasses this and adds its calls
+    (`reset`/`step`/`close`); one that makes its env later (the pool, in `reset`) overrides
+    `wrapped`. Read on every access, never copied: a remote or MCP env learns them in `reset`."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+
+    def wrapped(self) -> Env:
+        """The env whose members this one forwards."""
+        return self.env
+
+    @property
+    def system_prompt(self) -> str:
+        return self.wrapped().system_prompt
+
+    @property
+    def stop_strings(self) -> Sequence[str]:
+        return self.wrapped().stop_strings
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        return env_tools(self.wrapped())
 
 
 def tool_infos(env: Env) -> tuple[ToolInfo, ...]:

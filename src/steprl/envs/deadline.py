@@ -35,11 +35,11 @@ import functools
 import inspect
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
 
-from steprl.envs.base import Env, EnvTimeout, InfraError, Observation, Transition
+from steprl.envs.base import Env, EnvTimeout, EnvWrapper, InfraError, Observation, Transition
 from steprl.types import Task
 
 T = TypeVar("T")
@@ -112,9 +112,10 @@ class _Thread:
         self._jobs.put(None)
 
 
-class DeadlineEnv:
+class DeadlineEnv(EnvWrapper):
     """Wraps one env instance: every reset/step/close answers within `timeout_s` or raises
-    `EnvTimeout`. Other attributes (`tools`, ...) are the env's own."""
+    `EnvTimeout`. The members the core reads are forwarded (`EnvWrapper`); other attributes are
+    the env's own."""
 
     def __init__(
         self,
@@ -126,20 +127,12 @@ class DeadlineEnv:
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"the env call deadline must be > 0 seconds, got {timeout_s}")
-        self.env = env
+        super().__init__(env)
         self.timeout_s = timeout_s
         self.setting = setting
         self._calls = calls if calls is not None else EnvCalls()
         self._thread: _Thread | None = None
         self._hung: str | None = None  # the call that passed its deadline, if one did
-
-    @property
-    def system_prompt(self) -> str:
-        return self.env.system_prompt
-
-    @property
-    def stop_strings(self) -> Sequence[str]:
-        return self.env.stop_strings
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name == "env":  # ours, not set yet: never recurse

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Mapping, Sequence
 
-from steprl.envs.base import Env, Observation, ToolSpec, Transition, env_tools, maybe_await
+from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.hosting.backend import EnvBackend
 from steprl.types import Task
 
@@ -48,28 +47,16 @@ class EnvPool:
         return sem
 
 
-class _PooledEnv:
+class _PooledEnv(EnvWrapper):
     """Takes a pool slot in `reset`, releases it in `close`; delegates everything else."""
 
-    def __init__(self, pool: EnvPool, task: Task) -> None:
+    def __init__(self, pool: EnvPool, task: Task) -> None:  # no env yet: `reset` makes it
         self._pool = pool
         self._task = task
         self._inner: Env | None = None
         self._slot: asyncio.Semaphore | None = None
 
-    @property
-    def stop_strings(self) -> Sequence[str]:
-        return self._env().stop_strings
-
-    @property
-    def system_prompt(self) -> str:
-        return self._env().system_prompt
-
-    @property
-    def tools(self) -> Mapping[str, ToolSpec]:
-        return env_tools(self._env())
-
-    def _env(self) -> Env:
+    def wrapped(self) -> Env:
         if self._inner is None:
             raise RuntimeError("EnvPool: call reset() before using the env (the instance is made there)")
         return self._inner
@@ -86,7 +73,7 @@ class _PooledEnv:
         return await maybe_await(self._inner.reset(task, seed))
 
     async def step(self, action: str) -> Transition:
-        return await maybe_await(self._env().step(action))
+        return await maybe_await(self.wrapped().step(action))
 
     async def close(self) -> None:
         try:

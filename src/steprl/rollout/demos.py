@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from steprl.envs.base import Env, Observation, ToolSpec, Transition, env_tools, maybe_await
+from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.envs.policy import Policy
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
@@ -38,26 +38,14 @@ class Demonstration:
     trajectory: Trajectory
 
 
-class _Recorder:
+class _Recorder(EnvWrapper):
     """Wraps one episode's env: passes every call through and keeps (action, observation) pairs
     for the strategy. The actions are the strategy's own text, as it wrote them."""
 
     def __init__(self, env: Env) -> None:
-        self.env = env
+        super().__init__(env)
         self.history: list[tuple[str, str]] = []
         self.pending: str | None = None  # the action the engine just produced
-
-    @property
-    def system_prompt(self) -> str:
-        return self.env.system_prompt
-
-    @property
-    def stop_strings(self) -> Sequence[str]:
-        return self.env.stop_strings
-
-    @property
-    def tools(self) -> Mapping[str, ToolSpec]:
-        return env_tools(self.env)
 
     async def reset(self, task: Task, seed: int) -> Observation:
         return await maybe_await(self.env.reset(task, seed))

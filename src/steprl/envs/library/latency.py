@@ -13,17 +13,17 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from steprl.envs.base import Env, Observation, ToolSpec, Transition, env_tools, maybe_await
+from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.envs.library import calculator
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.types import Task
 
 
-class SlowEnv:
+class SlowEnv(EnvWrapper):
     """Wraps an env; sleeps a seeded lognormal time before every reply."""
 
     def __init__(self, inner: Env, *, median_s: float, sigma: float, max_s: float) -> None:
@@ -31,20 +31,9 @@ class SlowEnv:
             raise ValueError(
                 f"latency params must be >= 0 (median_s={median_s}, sigma={sigma}, max_s={max_s})"
             )
-        self.inner, self.median_s, self.sigma, self.max_s = inner, median_s, sigma, max_s
+        super().__init__(inner)
+        self.median_s, self.sigma, self.max_s = median_s, sigma, max_s
         self._rng = random.Random(0)
-
-    @property
-    def system_prompt(self) -> str:
-        return self.inner.system_prompt
-
-    @property
-    def stop_strings(self) -> Sequence[str]:
-        return self.inner.stop_strings
-
-    @property
-    def tools(self) -> Mapping[str, ToolSpec]:
-        return env_tools(self.inner)
 
     def delay(self) -> float:
         return min(self.max_s, self.median_s * math.exp(self.sigma * self._rng.gauss(0.0, 1.0)))
@@ -52,14 +41,14 @@ class SlowEnv:
     async def reset(self, task: Task, seed: int) -> Observation:
         self._rng = random.Random(f"latency:{seed}")
         await asyncio.sleep(self.delay())
-        return await maybe_await(self.inner.reset(task, seed))
+        return await maybe_await(self.env.reset(task, seed))
 
     async def step(self, action: str) -> Transition:
         await asyncio.sleep(self.delay())
-        return await maybe_await(self.inner.step(action))
+        return await maybe_await(self.env.step(action))
 
     async def close(self) -> None:
-        await maybe_await(self.inner.close())
+        await maybe_await(self.env.close())
 
 
 def slow_calculator(
