@@ -42,14 +42,14 @@ def test_default_demo_config_is_valid():
 def test_every_shipped_config_loads_and_names_an_env_with_its_sft_strategies():
     from pathlib import Path
 
-    from steprl.training.env_setup import env_spec
+    from steprl.training.env_setup import run_envs
 
     configs = sorted(Path("configs").glob("*.yaml"))
     assert len(configs) >= 9
     for path in configs:
         cfg = load_config(path)
-        spec = env_spec(cfg)  # registered names and the gym / mcp families (built from params)
-        missing = {cfg.model.sft.skill_strategy, *cfg.model.sft.strategies} - set(spec.strategies)
+        run = run_envs(cfg)  # registered names and the gym / mcp families (built from params)
+        missing = {cfg.model.sft.skill_strategy, *cfg.model.sft.strategies} - set(run.strategies())
         assert not missing, (path, missing)
 
 

@@ -14,6 +14,7 @@ from steprl.hosting.command import serve_env
 
 if TYPE_CHECKING:
     from steprl.config import Config
+    from steprl.training.env_setup import RunEnv
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="steprl: agentic RL for tool-using LMs.")
 console = Console()
@@ -51,9 +52,9 @@ def _load(
         cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"plugins": merged})})
     load_plugins(cfg.env.plugins)  # now: a plugin that does not import is one line, before any work
     if env:  # a bad env name or param: one line now, not after the run directory is made
-        from steprl.training.env_setup import env_spec
+        from steprl.training.env_setup import run_envs
 
-        env_spec(cfg)
+        run_envs(cfg)
     return cfg
 
 
@@ -135,8 +136,9 @@ def sft(
         console.print("[red]model.name must be 'tiny': sft warm-starts the embedded policy[/red]")
         raise typer.Exit(2)
     with env_setup.env_pool(cfg) as envs:
-        env_setup.check_env_starts(envs, env_setup.env_spec(cfg), cfg, console.print)
-        policy = load_policy(cfg, log=console.print, make_env=envs.make_env)
+        run = env_setup.run_envs(cfg)
+        env_setup.check_env_starts(envs, run, cfg, console.print)
+        policy = load_policy(cfg, log=console.print, make_env=envs.make_env, run=run)
     console.print(f"policy: {policy.source}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -189,35 +191,42 @@ def check_env_cmd(
     solvability; stochastic and live envs run the checks their spec declares (see the report).
     A YAML config checks its `env` section (name, params, task_params, task_file, plugins).
     An env call that hangs fails the check after the deadline (--call-timeout-s)."""
-    from steprl.envs.check import EnvCheckError, check_spec
-    from steprl.errors import UserError
     from steprl.training import env_setup
 
     overrides = list(set_)
     if not target.endswith((".yaml", ".yml")):
         overrides = [f"env.name={target}", *overrides]
     path = Path(target) if target.endswith((".yaml", ".yml")) else None
-    cfg = _load(path, overrides, plugin, device=False, env=False)  # env_spec: below
+    cfg = _load(path, overrides, plugin, device=False, env=False)  # run_envs: below
+    for env in env_setup.run_envs(cfg).envs:  # a config with a list of envs: each of them
+        _check_one_env(env, tasks, seed, call_timeout_s or cfg.runtime.env_call_timeout_s)
+
+
+def _check_one_env(env: RunEnv, tasks: int, seed: int, call_timeout_s: float) -> None:
+    """`steprl check-env` on one env of a config (an `env_setup.RunEnv`)."""
+    from steprl.envs.check import EnvCheckError, check_spec
+    from steprl.errors import UserError
+
     try:
         report = check_spec(
-            env_setup.env_spec(cfg),
+            env.spec,
             n_tasks=tasks,
             seed=seed,
-            env_params=cfg.env.params,
-            task_params=cfg.env.task_params,
-            call_timeout_s=call_timeout_s or cfg.runtime.env_call_timeout_s,
+            env_params=env.entry.params,
+            task_params=env.entry.task_params,
+            call_timeout_s=call_timeout_s,
         )
     except UserError:
         raise  # a bad name, plugin or param: one line and exit 2, as from every command
     except EnvCheckError as err:
         if isinstance(err.__cause__, UserError):  # a bad task row: the input's fault, as in train
             raise err.__cause__ from None
-        console.print(f"check-env {cfg.env.name}: {err}", style="red", markup=False, highlight=False)
+        console.print(f"check-env {env.entry.name}: {err}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
     except (KeyError, ValueError) as err:
-        console.print(f"check-env {cfg.env.name}: {err}", style="red", markup=False, highlight=False)
+        console.print(f"check-env {env.entry.name}: {err}", style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    console.print(f"[green]{cfg.env.name}: ok[/green]")
+    console.print(f"[green]{env.entry.name}: ok[/green]")
     console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
 
 

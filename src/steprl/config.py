@@ -12,6 +12,7 @@ Derived sizes (trajectories per step, mini-batch size) are computed once and pri
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -153,8 +154,8 @@ class TaskFileSection(_Section):
     eval_fraction: float = Field(0.2, gt=0, lt=1)  # share of rows in eval when split by hash
 
 
-class EnvSection(_Section):
-    """Which env to train on. `name` is a registered name (`steprl check-env --list`), a family
+class EnvEntry(_Section):
+    """One env of a run. `name` is a registered name (`steprl check-env --list`), a family
     (`gym`, `mcp`: the spec is built from `params`), an import path `package.module:attr` (an
     EnvSpec or a zero-argument function returning one), or a name an installed package declares
     in the `steprl.envs` entry-point group. See docs/your-own-env.md."""
@@ -163,12 +164,71 @@ class EnvSection(_Section):
     params: dict[str, Any] = {}  # keyword arguments of the env factory (one env per episode)
     task_params: dict[str, Any] = {}  # keyword arguments of the env's task generator
     task_file: TaskFileSection | None = None  # tasks from a file instead of the env's generator
+    # in a list of envs: its share of the train tasks (the mixture source draws by weight)
+    weight: float = Field(1.0, gt=0)
+    # in a list of envs: what its tasks, metrics (env/<id>/...) and trajectories call it
+    # (default: `name`); two entries of the same env need ids of their own
+    id: str | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _plain_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError(f"{v!r} is not a plain id (letters, digits, '_', '.', '-'): it names metrics")
+        return v
+
+    @property
+    def key(self) -> str:
+        """What the run's tasks of this env carry in `task.env` when the run has several envs."""
+        return self.id or self.name
+
+
+class EnvSection(EnvEntry):
+    """Which env (or envs) to train on: one env (`name`, `params`, ... at this level), or a list
+    of them, each with a `weight` (`env:` given as a YAML list, or `env.mix`). A list trains on
+    a mixture: `source: auto` draws each task's env by weight (the `mixture` source)."""
+
+    # several envs, each an EnvEntry (a YAML list under `env:` lands here)
+    mix: list[EnvEntry] = []
     # where each step's train tasks come from: a name in steprl.training.sources.TASK_SOURCES
-    # ("stream": the train split in order); checked when the run is built
-    source: str = "stream"
+    # ("stream": the train split in order; "mixture": each task's env drawn by weight) or the
+    # import path of your own; "auto": stream for one env, mixture for a list
+    source: str = "auto"
     # modules imported first, by the trainer, the env server and the Ray workers (they register
     # envs); `--plugin MODULE` on the command line adds to them
     plugins: list[str] = []
+
+    @model_validator(mode="after")
+    def _one_env_or_a_list(self) -> EnvSection:
+        if not self.mix:
+            return self
+        one = EnvEntry()
+        given = [
+            k
+            for k in ("name", "params", "task_params", "task_file", "id")
+            if getattr(self, k) != getattr(one, k)
+        ]
+        if given:
+            raise ValueError(
+                f"env.{given[0]} is set next to a list of envs (env.mix): give one env, or put it in the list"
+            )
+        keys = [e.key for e in self.mix]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(
+                f"env.mix has {twice[0]!r} twice: give each entry of the same env an `id` of its own"
+            )
+        return self
+
+    def entries(self) -> list[EnvEntry]:
+        """The run's envs: the list, or the one env given at this level."""
+        return list(self.mix) or [EnvEntry(**{k: getattr(self, k) for k in EnvEntry.model_fields})]
+
+    def source_name(self) -> str:
+        """`source` with "auto" resolved."""
+        if self.source == "auto":
+            return "mixture" if self.mix else "stream"
+        return self.source
 
 
 class RolloutSection(_Section):
@@ -389,6 +449,8 @@ class Config(_Section):
         """Keys renamed since a config could have been saved (a checkpoint's config.yaml):
         runtime.env_server_plugins is env.plugins now (the trainer, the env server and the Ray
         workers all import them)."""
+        if isinstance(data, dict) and isinstance(data.get("env"), list):  # `env:` as a list of envs
+            data = {**data, "env": {"mix": data["env"]}}
         runtime = data.get("runtime") if isinstance(data, dict) else None
         if isinstance(runtime, dict) and "env_server_plugins" in runtime:
             data = {**data, "runtime": {k: v for k, v in runtime.items() if k != "env_server_plugins"}}
@@ -476,9 +538,13 @@ def _anchor_task_file(data: dict[str, Any], base: Path) -> None:
     given with --set (as a shell user means it). A saved config (a checkpoint's) then names the
     same file from anywhere."""
     env = data.get("env")
-    tf = env.get("task_file") if isinstance(env, dict) else None
-    if isinstance(tf, dict) and isinstance(tf.get("path"), str):
-        tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
+    entries = (
+        env if isinstance(env, list) else [env, *(env.get("mix") or [])] if isinstance(env, dict) else []
+    )
+    for entry in entries:
+        tf = entry.get("task_file") if isinstance(entry, dict) else None
+        if isinstance(tf, dict) and isinstance(tf.get("path"), str):
+            tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
 
 
 def dump_config(cfg: Config) -> str:

@@ -221,12 +221,15 @@ def test_env_metrics_split_by_env() -> None:
         "env/broken/count": 0.0,
         "env/broken/reward_mean": 0.0,
         "env/broken/success_rate": 0.0,
+        "env/broken/tool_call_rate": 0.0,
         "env/calc/count": 2.0,
         "env/calc/reward_mean": 0.5,
         "env/calc/success_rate": 0.5,
+        "env/calc/tool_call_rate": 0.0,
         "env/search/count": 1.0,
         "env/search/reward_mean": 1.0,
         "env/search/success_rate": 1.0,
+        "env/search/tool_call_rate": 0.0,
     }
 
 

@@ -192,13 +192,13 @@ def test_an_async_env_stays_on_the_loop_under_the_same_deadline():
 
 def test_training_stops_in_one_line_when_the_task_factory_never_yields_an_eval_task():
     from steprl.config import load_config
-    from steprl.envs.registry import get_spec
     from steprl.training.build import NoEvalTasks, eval_tasks
+    from steprl.training.env_setup import run_envs
 
     cfg = load_config(None, ["env.name=hang_noeval", "runtime.env_call_timeout_s=0.5"])
     started = time.monotonic()
     with pytest.raises(NoEvalTasks, match=r"the eval split yielded 0 of 4 tasks, then none within 0.5s"):
-        eval_tasks(cfg, get_spec("hang_noeval"), 4)
+        eval_tasks(cfg, run_envs(cfg), 4)
     assert time.monotonic() - started < 0.5 + MARGIN
 
 

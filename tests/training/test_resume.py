@@ -81,6 +81,10 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert read_trajectories(a / "trajectories").equals(read_trajectories(b / "trajectories"))
 
 
+MIXTURE = (
+    "[{name: calculator, weight: 2}, {name: bandit, params: {reward: best}, "
+    "task_params: {k: 2, pulls: 1, reveal: true}}]"
+)
 VARIANTS = {
     "default demo (grpo)": [],
     "separate critic (gae)": [
@@ -88,7 +92,10 @@ VARIANTS = {
         "algorithm.advantage_params={}",
         "algorithm.critic=separate",
     ],
-    "kl in reward, adaptive": [
+    # two run components with state: the mixture source (cursor, per-env cursors) and the
+    # adaptive KL controller (its coefficient)
+    "two-env mixture, kl in reward, adaptive": [
+        f"env.mix={MIXTURE}",
         "algorithm.kl_coef=0.05",
         "algorithm.kl_in=reward",
         "algorithm.kl_ctrl=adaptive",
@@ -114,6 +121,10 @@ def test_ckpt02_resume_is_bit_identical(tmp_path, cache_dir, extra):
     if "algorithm.kl_ctrl=adaptive" in extra:  # the controller moved, and its state came back
         betas = [r["actor/reward_kl_coef"] for r in _rows(resumed.run_dir) if "actor/reward_kl_coef" in r]
         assert len(set(betas)) == 2 * N
+    if f"env.mix={MIXTURE}" in extra:  # both envs trained, and counted apart, before and after the kill
+        trained = [r for r in _rows(resumed.run_dir) if "reward/mean" in r]
+        assert all(any(k.startswith("env/") for k in r) for r in trained)
+        assert {"env/calculator/count", "env/bandit/count"} <= {k for r in trained for k in r}
 
 
 def test_ckpt06_a_changed_config_is_refused_unless_allowed(tmp_path, cache_dir):

@@ -11,7 +11,7 @@ import pytest
 
 from steprl.config import ConfigError
 from steprl.training.sources import TASK_SOURCES, make_source, take
-from steprl.training.sources.check import check_task_source, synthetic_tasks
+from steprl.training.sources.check import ENVS, check_task_source, synthetic_splits, synthetic_tasks
 from steprl.training.sources.stream import StreamSource
 
 
@@ -26,8 +26,44 @@ def test_the_stream_is_the_train_split_in_order_with_positions_from_0():
     assert take(source, 50) == list(enumerate(islice(synthetic_tasks(5), 50)))
 
 
+def test_several_envs_share_the_tasks_by_weight_and_one_env_is_the_stream():
+    """Weights 1:2: `stream` interleaves exactly (every window of 3 has 1 + 2), `mixture` draws
+    (about a third over 3,000); each env's tasks in its split's order; over one env both are the
+    split itself, position for position."""
+    stream = [t for _, t in take(make_source("stream", synthetic_splits(1), 1), 3000)]
+    drawn = [t for _, t in take(make_source("mixture", synthetic_splits(1), 1), 3000)]
+    assert [t.env for t in stream[:6]] == [ENVS[1], ENVS[0], ENVS[1]] * 2
+    assert sum(t.env == ENVS[0] for t in stream) == 1000
+    assert 900 < sum(t.env == ENVS[0] for t in drawn) < 1100
+    assert drawn[:6] != stream[:6]  # a draw, not the fixed order
+    for tasks in (stream, drawn):
+        for env in ENVS:
+            mine = [t for t in tasks if t.env == env]
+            assert mine == list(islice(synthetic_tasks(1, env), len(mine)))
+    one = list(enumerate(islice(synthetic_tasks(5), 50)))
+    for name in ("stream", "mixture"):
+        assert take(make_source(name, lambda: synthetic_tasks(5), 5), 50) == one
+
+
+def test_an_env_that_runs_out_leaves_the_mixture_and_a_resume_knows_it():
+    short = synthetic_splits(2)
+    short = type(short)(
+        {ENVS[0]: lambda: islice(synthetic_tasks(2, ENVS[0]), 4), ENVS[1]: short.by_env[ENVS[1]]},
+        short.weights,
+    )
+    for name in ("stream", "mixture"):
+        source = make_source(name, short, 2)
+        tasks = [t for _, t in take(source, 30)]
+        assert sum(t.env == ENVS[0] for t in tasks) == 4 and len(tasks) == 30
+        again = make_source(name, short, 2)
+        again.load_state_dict(source.state_dict())
+        assert take(again, 20) == take(source, 20)
+
+
 def test_an_unknown_source_is_one_line_naming_the_allowed_ones():
-    with pytest.raises(ConfigError, match=r"env.source: unknown task source 'nope'; use one of \['stream'"):
+    with pytest.raises(
+        ConfigError, match=r"env.source: unknown task source 'nope'; use one of \['mixture', 'stream'\]"
+    ):
         make_source("nope", lambda: synthetic_tasks(0), 0)
     with pytest.raises(ConfigError, match="env.source 'no_such_module:f': ModuleNotFoundError"):
         make_source("no_such_module:f", lambda: synthetic_tasks(0), 0)

@@ -190,10 +190,12 @@ def reward_component_means(trajectories: Sequence[Trajectory]) -> dict[str, floa
 
 
 def env_metrics(trajectories: Sequence[Trajectory], *, success_threshold: float = 1.0) -> dict[str, float]:
-    """Per-env reward mean, success rate and count, as `env/<env>/{reward_mean,success_rate,count}`.
+    """Per-env reward mean, success rate, tool-call rate and count, as
+    `env/<env>/{reward_mean,success_rate,tool_call_rate,count}`.
 
-    For multi-task runs: one env improving can hide another collapsing in the batch mean.
-    Infra failures are excluded (an env with only infra failures reports count 0).
+    For multi-task runs: one env improving can hide another collapsing in the batch mean (or
+    the policy quietly no longer calling one env's tool). Infra failures are excluded (an env
+    with only infra failures reports count 0).
     """
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
@@ -204,6 +206,7 @@ def env_metrics(trajectories: Sequence[Trajectory], *, success_threshold: float 
     for env, ts in sorted(by_env.items()):
         m[f"env/{env}/reward_mean"] = _mean([t.outcome_reward for t in ts])
         m[f"env/{env}/success_rate"] = _mean([float(is_success(t, success_threshold)) for t in ts])
+        m[f"env/{env}/tool_call_rate"] = _mean([float(tool_calls(t) > 0) for t in ts])
         m[f"env/{env}/count"] = float(len(ts))
     return m
 

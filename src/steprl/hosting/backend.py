@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from steprl.envs.base import Env, IncompleteEnv, missing_members
@@ -91,6 +92,65 @@ BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any, Sequence[str]], EnvBa
     "http": _http,
     "ray": _ray,
 }
+
+
+@dataclass(frozen=True)
+class EnvRoute:
+    """One of a run's envs: the `task.env` its tasks carry (`key`), and the env it names."""
+
+    key: str
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+class UnknownTaskEnv(ValueError):
+    """A task whose `env` is none of the run's envs."""
+
+
+def route_env(makers: Mapping[str, Callable[[Task], Env]], task: Task) -> Env:
+    """The env of `task` from the maker of its `task.env` (a run with several envs)."""
+    make = makers.get(task.env)
+    if make is None:
+        raise UnknownTaskEnv(
+            f"task {task.id!r} names env {task.env!r}, which is none of the run's envs "
+            f"{sorted(makers)}; a task source must keep each task's env"
+        )
+    return make(task)
+
+
+class RoutedBackend:
+    """Several envs in one run: each episode's env is made by the backend of its `task.env`
+    (`EnvRoute.key`), so in-process, HTTP and Ray runs mix envs alike. Each env keeps its own
+    backend (an HTTP backend its own server or server env, a Ray backend its own workers)."""
+
+    def __init__(self, backends: Mapping[str, EnvBackend]) -> None:
+        self.backends = dict(backends)
+        self.name = next(iter(self.backends.values())).name
+        self._makers = {key: b.make_env for key, b in self.backends.items()}
+
+    def make_env(self, task: Task) -> Env:
+        return route_env(self._makers, task)
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
+
+
+def make_backends(routes: Sequence[EnvRoute], runtime: Any, plugins: Sequence[str] = ()) -> EnvBackend:
+    """One backend for a run's envs: the env's own for one env (whatever its tasks call it),
+    a `RoutedBackend` by `task.env` for several. A backend that fails to start closes those
+    started before it."""
+    if len(routes) == 1:
+        return make_backend(routes[0].name, routes[0].params, runtime, plugins)
+    started: dict[str, EnvBackend] = {}
+    try:
+        for route in routes:
+            started[route.key] = make_backend(route.name, route.params, runtime, plugins)
+    except BaseException:
+        for backend in started.values():
+            backend.close()
+        raise
+    return RoutedBackend(started)
 
 
 def make_backend(

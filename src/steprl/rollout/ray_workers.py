@@ -19,11 +19,11 @@ current weights and seed, takes its place.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from steprl.envs.base import Env
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
+from steprl.hosting.backend import EnvRoute, route_env
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
@@ -52,12 +53,22 @@ class WorkerEnvs:
     with the per-call deadline and supervision of `RayEnvBackend`.
     """
 
-    name: str
-    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: one registered env name (no params), or the run's envs (several: each task's env by `task.env`)
+    envs: str | tuple[EnvRoute, ...]
     placement: Literal["inprocess", "ray"] = "inprocess"
     env_workers: int = 1  # per rollout worker, placement "ray" only
     call_timeout_s: float = 30.0  # the deadline of one env call
     plugins: tuple[str, ...] = ()  # modules that register the run's envs, imported by each worker
+
+    @property
+    def routes(self) -> tuple[EnvRoute, ...]:
+        return (EnvRoute(self.envs, self.envs, {}),) if isinstance(self.envs, str) else self.envs
+
+
+def _deadline_env(
+    factory: Callable[..., Env], params: Mapping[str, Any], timeout_s: float, calls: EnvCalls, task: Task
+) -> Env:
+    return DeadlineEnv(factory(**params), timeout_s, calls)
 
 
 class RolloutWorker:
@@ -72,7 +83,7 @@ class RolloutWorker:
         *,
         pad_token_id: int,
         envs: WorkerEnvs,
-        factory: Callable[..., Env],
+        factories: Mapping[str, Callable[..., Env]],
         rule: ContextRule,
         sampling: SamplingParams,
         budgets: Budgets,
@@ -85,22 +96,28 @@ class RolloutWorker:
         self.engine = HFEngine.with_settings(  # on CPU (the worker's share of CPUs)
             model, engine_settings, eos_token_id=fmt.eos_token_id, pad_token_id=pad_token_id, version=version
         )
-        params = dict(envs.params)
-        self._backend: RayEnvBackend | None = None
+        self._backends: list[RayEnvBackend] = []
         calls = EnvCalls()  # in-process envs: a sync call that blocks ends env_timeout here too
-        make_env: Callable[[Task], Env] = lambda task: DeadlineEnv(  # noqa: E731
-            factory(**params), envs.call_timeout_s, calls
-        )
-        if envs.placement == "ray":
-            self._backend = RayEnvBackend(
-                envs.name,
-                params,
-                num_workers=envs.env_workers,
-                call_timeout_s=envs.call_timeout_s,
-                factory=factory,
-                plugins=envs.plugins,
-            )
-            make_env = self._backend.make_env
+        makers: dict[str, Callable[[Task], Env]] = {}
+        for route in envs.routes:
+            factory, params = factories[route.key], dict(route.params)
+            if envs.placement == "ray":
+                backend = RayEnvBackend(
+                    route.name,
+                    params,
+                    num_workers=envs.env_workers,
+                    call_timeout_s=envs.call_timeout_s,
+                    factory=factory,
+                    plugins=envs.plugins,
+                )
+                self._backends.append(backend)
+                makers[route.key] = backend.make_env
+            else:
+                makers[route.key] = functools.partial(
+                    _deadline_env, factory, params, envs.call_timeout_s, calls
+                )
+        # one env: whatever its tasks call it; several: by `task.env`, as `RoutedBackend` does
+        make_env = next(iter(makers.values())) if len(makers) == 1 else functools.partial(route_env, makers)
         self.setup = RolloutSetup(make_env, self.engine, fmt, rule, sampling, budgets)
 
     async def rollout(
@@ -172,7 +189,8 @@ class RayRolloutPool:
         killed and replaced, its share `infra_failed` (None: no deadline beyond the env's)."""
         if num_workers < 1:
             raise ValueError(f"runtime.rollout_workers must be >= 1 for a RayRolloutPool, got {num_workers}.")
-        factory = get_spec(envs.name, envs.params).factory  # resolved here, then shipped to the workers
+        # resolved here, then shipped to the workers
+        factories = {r.key: get_spec(r.name, r.params).factory for r in envs.routes}
         ensure_ray()
         self.num_workers = num_workers
         self.rollout_timeout_s = rollout_timeout_s
@@ -185,7 +203,7 @@ class RayRolloutPool:
             "fmt": fmt,
             "pad_token_id": pad_token_id,
             "envs": envs,
-            "factory": factory,
+            "factories": factories,
             "rule": rule,
             "sampling": sampling,
             "budgets": budgets,

@@ -20,7 +20,6 @@ from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
 from steprl.config import Config
 from steprl.envs.base import EnvTimeout
 from steprl.envs.deadline import take_tasks
-from steprl.envs.spec import EnvSpec
 from steprl.errors import UserError
 from steprl.hosting.pool import EnvPool
 from steprl.rollout import seeds
@@ -39,7 +38,7 @@ from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
 from steprl.training.rollout_parts import context_rule, engine_for, engine_settings
-from steprl.training.sources import TaskSource, make_source
+from steprl.training.sources import TaskSource, TaskSplits, make_source
 from steprl.types import Task, Trajectory
 
 ToSamples = Callable[[Trajectory, int], list[Sample]]
@@ -61,7 +60,7 @@ class Parts:
     setup: RolloutSetup  # in-process rollouts (training/producers.py runs them on a thread)
     advantage_fn: Callable[..., Any]
     group_filter: Callable[..., torch.Tensor]
-    env_spec: EnvSpec
+    envs: env_setup.RunEnvs  # the run's envs, each spec resolved once
     eval_tasks: list[Task]
     eval_sampling: SamplingParams
     source: TaskSource  # the train tasks (`env.source`)
@@ -94,34 +93,41 @@ class NoEvalTasks(UserError):
     """The task factory yields no eval task within the env call deadline."""
 
 
-def eval_tasks(cfg: Config, spec: EnvSpec, n: int) -> list[Task]:
-    """The held-out tasks: the first `n` of the eval split (the same for every evaluation). Each
-    within `runtime.env_call_timeout_s`: a factory that never yields one stops the run in one
-    line instead of hanging it."""
+def eval_tasks(cfg: Config, run: env_setup.RunEnvs, n: int) -> list[Task]:
+    """The held-out tasks: the first `n` of each env's eval split (the same for every
+    evaluation). Each within `runtime.env_call_timeout_s`: a factory that never yields one stops
+    the run in one line instead of hanging it."""
     seed, timeout = seeds.eval_task_seed(cfg.run.seed), cfg.runtime.env_call_timeout_s
-    try:
-        return take_tasks(
-            lambda: spec.tasks("eval", seed, **cfg.env.task_params), n, timeout, "the eval split"
-        )
-    except EnvTimeout as exc:
-        raise NoEvalTasks(
-            f"env {spec.name!r}: {exc} (runtime.env_call_timeout_s); its task factory must yield eval "
-            f"tasks promptly (steprl check-env {spec.name} shows it)"
-        ) from None
+    held_out: list[Task] = []
+    for key, split in run.splits("eval", seed).items():
+        try:
+            held_out += take_tasks(split, n, timeout, "the eval split")
+        except EnvTimeout as exc:
+            raise NoEvalTasks(
+                f"env {key!r}: {exc} (runtime.env_call_timeout_s); its task factory must yield eval "
+                f"tasks promptly (steprl check-env shows it)"
+            ) from None
+    return held_out
 
 
 def build(
-    cfg: Config, envs: EnvPool, cleanup: contextlib.ExitStack, log: Callable[[str], None], *, resuming: bool
+    cfg: Config,
+    run: env_setup.RunEnvs,
+    envs: EnvPool,
+    cleanup: contextlib.ExitStack,
+    log: Callable[[str], None],
+    *,
+    resuming: bool,
 ) -> Parts:
-    spec = env_setup.env_spec(cfg)
     controllers = Controllers.for_config(cfg)
+    source_name = cfg.env.source_name()
     source = make_source(  # first: an unknown env.source stops the run before the model loads
-        cfg.env.source, lambda: spec.tasks("train", cfg.run.seed, **cfg.env.task_params), cfg.run.seed
+        source_name, TaskSplits(run.splits("train", cfg.run.seed), run.weights()), cfg.run.seed
     )
     if resuming and cfg.model.lora is not None and cfg.model.name != "tiny":
         # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "pretrained"})})
-    policy = load_policy(cfg, log, envs.make_env)
+    policy = load_policy(cfg, log, envs.make_env, run)
     # what comes next (LoRA init, the value head, ...) must not depend on whether the warm start
     # was cached or trained just now, which draws from the global generators
     torch.manual_seed(cfg.run.seed)
@@ -211,8 +217,7 @@ def build(
             pad_token_id=policy.tokenizer.pad_token_id,
             num_workers=cfg.runtime.rollout_workers,
             envs=WorkerEnvs(
-                cfg.env.name,
-                cfg.env.params,
+                run.routes(),
                 "ray",
                 cfg.runtime.env_workers,
                 cfg.runtime.env_call_timeout_s,
@@ -241,12 +246,12 @@ def build(
         setup=setup,
         advantage_fn=functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params),
         group_filter=functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params),
-        env_spec=spec,
-        eval_tasks=eval_tasks(cfg, spec, cfg.trainer.eval_tasks),
+        envs=run,
+        eval_tasks=eval_tasks(cfg, run, cfg.trainer.eval_tasks),
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
         source=source,
         controllers=controllers,
-        components={f"source:{cfg.env.source}": source, **controllers.components()},
+        components={f"source:{source_name}": source, **controllers.components()},
     )
 
 

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+import functools
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
-from steprl.config import Config
+from steprl.config import Config, EnvEntry
 from steprl.envs.base import maybe_await
+from steprl.envs.policy import Policy
 from steprl.envs.registry import EnvParamsError, EnvSpec, check_params, get_spec, load_plugins
 from steprl.errors import UserError
-from steprl.hosting.backend import make_backend
+from steprl.hosting.backend import EnvRoute, make_backends
 from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat, PromptFormat
 from steprl.rollout.chat_format import ChatFormat
+from steprl.training.sources.splits import TaskSplits
+from steprl.types import Task
 
 
 class EnvStartError(UserError):
@@ -29,28 +35,132 @@ class EnvStartError(UserError):
 
 
 def env_spec(cfg: Config) -> EnvSpec:
-    """The spec `env.name` resolves to (after importing `env.plugins`), tasks from `env.task_file`;
-    `env.params` and `env.task_params` checked against what its factory and tasks take."""
+    """The spec of the run's one env (`steprl check-env`, a single-env run); a list of envs is
+    `run_envs`."""
+    entries = cfg.env.entries()
+    if len(entries) > 1:
+        raise UserError(
+            f"the config lists {len(entries)} envs ({', '.join(e.key for e in entries)}); "
+            "this command takes one: check each with `steprl check-env NAME`"
+        )
     load_plugins(cfg.env.plugins)
-    spec = get_spec(cfg.env.name, cfg.env.params)
-    tf = cfg.env.task_file
-    check_params(spec, cfg.env.params, {} if tf is not None else cfg.env.task_params)
+    return _entry_spec(entries[0], "env")
+
+
+def _entry_spec(entry: EnvEntry, where: str) -> EnvSpec:
+    """`entry.name` resolved, tasks from `entry.task_file`; its params and task params checked
+    against what its factory and tasks take (`where`: the config key, for the messages)."""
+    spec = get_spec(entry.name, entry.params)
+    tf = entry.task_file
+    check_params(spec, entry.params, {} if tf is not None else entry.task_params)
     if tf is not None:
         from steprl.envs.task_file import TaskFile, with_task_file
 
-        if cfg.env.task_params:
+        if entry.task_params:
             raise EnvParamsError(
-                f"env.task_params {sorted(cfg.env.task_params)} with env.task_file: tasks from a file "
-                "take no task params; remove env.task_params, or put the values in the file's rows"
+                f"{where}.task_params {sorted(entry.task_params)} with {where}.task_file: tasks from a "
+                "file take no task params; remove them, or put the values in the file's rows"
             )
         spec = with_task_file(spec, TaskFile(**tf.model_dump()))
     return spec
 
 
+@dataclass(frozen=True)
+class RunEnv:
+    """One env of the run, resolved: its config entry and its spec."""
+
+    entry: EnvEntry
+    spec: EnvSpec
+
+    @property
+    def key(self) -> str:
+        return self.entry.key
+
+
+@dataclass(frozen=True)
+class RunEnvs:
+    """The run's envs, each spec resolved once (the trainer resolves them and hands them on).
+
+    With several envs, every task a split yields carries its env's key in `task.env`: that is
+    how the backend (`RoutedBackend`) builds its env, the metrics group it (`env/<key>/...`) and
+    the demonstrations pick its strategies. One env's tasks are left as its generator made them.
+    """
+
+    envs: tuple[RunEnv, ...]
+
+    @property
+    def several(self) -> bool:
+        return len(self.envs) > 1
+
+    def describe(self) -> str:
+        if not self.several:
+            return self.envs[0].spec.name
+        return ", ".join(f"{e.key} (weight {e.entry.weight:g})" for e in self.envs)
+
+    def splits(self, split: str, seed: int) -> dict[str, Callable[[], Iterator[Task]]]:
+        """Each env's `split` ("train" or "eval") as a factory of fresh iterators, by key."""
+        return {e.key: functools.partial(self._tasks, e, split, seed) for e in self.envs}
+
+    def weights(self) -> dict[str, float]:
+        return {e.key: e.entry.weight for e in self.envs}
+
+    def routes(self) -> tuple[EnvRoute, ...]:
+        return tuple(EnvRoute(e.key, e.entry.name, e.entry.params) for e in self.envs)
+
+    def demo_tasks(self, seed: int) -> Callable[[], Iterator[Task]]:
+        """The train split the demonstrations play: with several envs, theirs in turn."""
+        splits = self.splits("train", seed)
+        if not self.several:
+            return next(iter(splits.values()))
+        return TaskSplits(splits, dict.fromkeys(splits, 1.0))
+
+    def strategies(self) -> dict[str, Policy]:
+        """The scripted strategies the demonstrations may use: one env's own, or those every
+        env of the run offers, each playing a task with its own env's strategy."""
+        if not self.several:
+            return dict(self.envs[0].spec.strategies)
+        common = set.intersection(*(set(e.spec.strategies) for e in self.envs))
+        return {name: _ByEnv({e.key: e.spec.strategies[name] for e in self.envs}) for name in sorted(common)}
+
+    def code(self) -> list[object]:
+        """What defines the envs' behaviour (factories, task generators, strategies): a warm
+        start's cache key digests their source files."""
+        return [obj for e in self.envs for obj in (e.spec.factory, e.spec.tasks, *e.spec.strategies.values())]
+
+    @property
+    def name(self) -> str:
+        """One env's name, or the run's env keys joined by '+'."""
+        return "+".join(e.key for e in self.envs) if self.several else self.envs[0].entry.name
+
+    def _tasks(self, env: RunEnv, split: str, seed: int) -> Iterator[Task]:
+        tasks = env.spec.tasks(split, seed, **env.entry.task_params)
+        return (replace(t, env=env.key) for t in tasks) if self.several else iter(tasks)
+
+
+@dataclass(frozen=True)
+class _ByEnv:
+    """One strategy name over several envs: each task played by its own env's strategy."""
+
+    by_env: dict[str, Policy]
+
+    def __call__(self, task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+        return self.by_env[task.env](task, history, rng)
+
+
+def run_envs(cfg: Config) -> RunEnvs:
+    """The run's envs (`env`: one, or a list), after importing `env.plugins`."""
+    load_plugins(cfg.env.plugins)
+    entries = cfg.env.entries()
+    where = (lambda k: "env") if len(entries) == 1 else (lambda k: f"env.mix.{k}")
+    return RunEnvs(tuple(RunEnv(e, _entry_spec(e, where(k))) for k, e in enumerate(entries)))
+
+
 @contextlib.contextmanager
 def env_pool(cfg: Config) -> Iterator[EnvPool]:
-    """The env pool over `runtime.backend`, closed however the block ends."""
-    backend = make_backend(cfg.env.name, cfg.env.params, cfg.runtime, tuple(cfg.env.plugins))
+    """The env pool over `runtime.backend` (one backend per env when the run has several),
+    closed however the block ends."""
+    routes = [EnvRoute(e.key, e.name, e.params) for e in cfg.env.entries()]
+    backend = make_backends(routes, cfg.runtime, tuple(cfg.env.plugins))
     envs = EnvPool(backend, cfg.runtime.max_concurrent_envs)
     try:
         yield envs
@@ -121,30 +231,29 @@ def check_prompt_format(fmt: PromptFormat, cfg: Config, log: Callable[[str], Non
     )
 
 
-def check_env_starts(envs: EnvPool, spec: EnvSpec, cfg: Config, log: Callable[[str], None] = print) -> None:
-    """Reset one env on the first train task and close it, before any work. An env that says
-    it cannot start (a `UserError`: an MCP server that exits at start-up, with its stderr; a bad
-    command) stops the run here, as one line. Any other failure is logged and the run goes on:
-    a flaky env is the failure budget's business (`runtime.failure_budget`), step by step."""
-    task = next(iter(islice(spec.tasks("train", cfg.run.seed, **cfg.env.task_params), 1)), None)
-    if task is None:
-        raise EnvStartError(
-            f"env {cfg.env.name!r} has no train tasks; check env.task_params or env.task_file"
-        )
+def check_env_starts(envs: EnvPool, run: RunEnvs, cfg: Config, log: Callable[[str], None] = print) -> None:
+    """Reset one env of each of the run's envs on its first train task and close it, before any
+    work. An env that says it cannot start (a `UserError`: an MCP server that exits at start-up,
+    with its stderr; a bad command) stops the run here, as one line. Any other failure is logged
+    and the run goes on: a flaky env is the failure budget's business (`runtime.failure_budget`)."""
+    for key, split in run.splits("train", cfg.run.seed).items():
+        task = next(iter(islice(split(), 1)), None)
+        if task is None:
+            raise EnvStartError(f"env {key!r} has no train tasks; check its task_params or task_file")
 
-    async def first_reset() -> None:
-        env = envs.make_env(task)
+        async def first_reset(task: Task = task) -> None:
+            env = envs.make_env(task)
+            try:
+                await maybe_await(env.reset(task, task.seed))
+            finally:
+                await maybe_await(env.close())
+
         try:
-            await maybe_await(env.reset(task, task.seed))
-        finally:
-            await maybe_await(env.close())
-
-    try:
-        asyncio.run(first_reset())
-    except UserError:
-        raise
-    except Exception as exc:
-        log(
-            f"WARNING: env {cfg.env.name!r} failed its first reset (task {task.id!r}): "
-            f"{type(exc).__name__}: {exc}; failed episodes are counted in end/infra_failed"
-        )
+            asyncio.run(first_reset())
+        except UserError:
+            raise
+        except Exception as exc:
+            log(
+                f"WARNING: env {key!r} failed its first reset (task {task.id!r}): "
+                f"{type(exc).__name__}: {exc}; failed episodes are counted in end/infra_failed"
+            )

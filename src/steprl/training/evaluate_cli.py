@@ -28,6 +28,6 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
     fmt = env_setup.prompt_format(cfg, tokenizer)
     with env_setup.env_pool(cfg) as envs:
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature))
-        held_out = eval_tasks(cfg, env_setup.env_spec(cfg), tasks)
+        held_out = eval_tasks(cfg, env_setup.run_envs(cfg), tasks)
         metrics, _ = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed, 0))
     return metrics

@@ -21,7 +21,6 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env, EnvTimeout
 from steprl.envs.deadline import take_tasks
-from steprl.envs.spec import EnvSpec
 from steprl.errors import UserError
 from steprl.models import qwen3_testbed, tiny
 from steprl.models.sources import DTYPES, cache_root, check_device_dtype, load_pretrained
@@ -60,7 +59,7 @@ class WarmStart:
         )
 
 
-def warm_start_cache(cfg: Config, spec: EnvSpec, tasks: list[Task]) -> WarmStart:
+def warm_start_cache(cfg: Config, run: setup.RunEnvs, tasks: list[Task]) -> WarmStart:
     """The cache of the warm start `cfg` asks for, keyed on everything the warm start depends
     on: the recipe and the config that shape it, the code of the env, its task generator and its
     strategies (`_code_digest`: an edited env, generator or strategy is a new warm start), and
@@ -80,11 +79,11 @@ def warm_start_cache(cfg: Config, spec: EnvSpec, tasks: list[Task]) -> WarmStart
     )
     parts = {
         "config": _digest([config]),
-        "env code": _code_digest([spec.factory, spec.tasks, *spec.strategies.values()]),
+        "env code": _code_digest(run.code()),
         f"{len(tasks)} tasks": _digest(repr(t) for t in tasks),
     }
     key = _digest(parts.values())
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name)  # an import path or a family id
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", run.name)  # an import path, a family id, a list
     return WarmStart(cache_root(cfg.model.cache_dir) / f"tiny-{name}-{key}", parts)
 
 
@@ -119,16 +118,21 @@ def _code_digest(objs: Iterable[object]) -> str:
 
 
 def load_policy(
-    cfg: Config, log: Callable[[str], None] = print, make_env: Callable[[Task], Env] | None = None
+    cfg: Config,
+    log: Callable[[str], None] = print,
+    make_env: Callable[[Task], Env] | None = None,
+    run: setup.RunEnvs | None = None,
 ) -> Policy:
     """The policy `model.name` and `model.init` ask for. A fresh SFT warm start plays its
-    demonstrations on envs from `make_env` (the run's env pool: any backend)."""
+    demonstrations on the run's envs `run` (default: resolved from `cfg`), made by `make_env`
+    (the run's env pool: any backend)."""
     check_device_dtype(cfg.model.device, cfg.model.dtype)  # one line, before any work
+    run = run if run is not None else setup.run_envs(cfg)
     if cfg.model.name == qwen3_testbed.NAME:  # real Qwen3 tokenizer + template, random small model
         tok = qwen3_testbed.load_tokenizer()
         qwen: Any = qwen3_testbed.build_model(tok, seed=cfg.run.seed).to(DTYPES[cfg.model.dtype])
         return warm_start(
-            Policy(qwen, tok, "Qwen3 test bed (random init)", qwen3_testbed.NAME), cfg, log, make_env
+            Policy(qwen, tok, "Qwen3 test bed (random init)", qwen3_testbed.NAME), cfg, log, make_env, run
         )
     if cfg.model.name != "tiny":
         m = cfg.model
@@ -143,15 +147,15 @@ def load_policy(
             log=log,
         )
         policy = Policy(loaded.model, loaded.tokenizer, loaded.source, loaded.base_name)
-        return warm_start(policy, cfg, log, make_env)  # LoRA (model.lora), SFT (model.init: sft)
+        return warm_start(policy, cfg, log, make_env, run)  # LoRA (model.lora), SFT (model.init: sft)
 
     if cfg.model.init != "sft":
         return Policy(*_random_tiny(cfg), "random init")
 
     s = cfg.model.sft
-    env_spec = setup.env_spec(cfg)
-    tasks = _demo_tasks(cfg, env_spec)  # part of the cache key: asked for before a cache is reused
-    warm = warm_start_cache(cfg, env_spec, tasks)
+    strategies = run.strategies()
+    tasks = _demo_tasks(cfg, run)  # part of the cache key: asked for before a cache is reused
+    warm = warm_start_cache(cfg, run, tasks)
     cache = warm.path
     if (cache / WARM_START_KEY).exists():
         log(f"SFT warm start: reusing {cache} ({warm.describe()})")
@@ -162,11 +166,11 @@ def load_policy(
     model, tokenizer = _random_tiny(cfg)
     if make_env is None:
         raise ValueError("the SFT warm start plays demonstrations: pass make_env (an EnvPool's make_env)")
-    unknown = sorted({s.skill_strategy, *s.strategies} - set(env_spec.strategies))
+    unknown = sorted({s.skill_strategy, *s.strategies} - set(strategies))
     if unknown:  # checked before any work: the mixture phase would fail only after the skills phase
         raise ConfigError(
-            f"model.sft.strategies / model.sft.skill_strategy name {unknown}, which env {env_spec.name!r} "
-            f"does not offer; its strategies: {sorted(env_spec.strategies)} (e.g. --set "
+            f"model.sft.strategies / model.sft.skill_strategy name {unknown}, which env {run.name!r} "
+            f"does not offer; its strategies: {sorted(strategies)} (e.g. --set "
             "'model.sft.strategies={expert: 0.3, random: 0.7}')"
         )
     fmt = setup.prompt_format(cfg, tokenizer)
@@ -181,7 +185,7 @@ def load_policy(
         t0 = time.perf_counter()
         phase_demos = sft.make_demos(
             tasks,
-            strategies=env_spec.strategies,
+            strategies=strategies,
             weights=weights,
             make_env=make_env,
             fmt=fmt,
@@ -212,21 +216,17 @@ def load_policy(
     return Policy(reloaded, tokenizer, f"fresh SFT (cached to {cache})")
 
 
-def _demo_tasks(cfg: Config, spec: EnvSpec) -> list[Task]:
-    """The demonstrations' tasks: the first `model.sft.num_episodes` of the train split, each
-    within `runtime.env_call_timeout_s` (a generator that stops yielding is one line, not a hang)."""
+def _demo_tasks(cfg: Config, run: setup.RunEnvs) -> list[Task]:
+    """The demonstrations' tasks: the first `model.sft.num_episodes` of the train split (several
+    envs: of each, in turn), each within `runtime.env_call_timeout_s` (a generator that stops
+    yielding is one line, not a hang)."""
     s, timeout = cfg.model.sft, cfg.runtime.env_call_timeout_s
     try:
-        return take_tasks(
-            lambda: spec.tasks("train", s.seed, **cfg.env.task_params),
-            s.num_episodes,
-            timeout,
-            "the train split",
-        )
+        return take_tasks(run.demo_tasks(s.seed), s.num_episodes * len(run.envs), timeout, "the train split")
     except EnvTimeout as exc:
         raise UserError(
-            f"env {spec.name!r}: {exc} (runtime.env_call_timeout_s) while the SFT warm start gathers its "
-            f"tasks; its task factory must yield train tasks promptly (steprl check-env {spec.name})"
+            f"env {run.name!r}: {exc} (runtime.env_call_timeout_s) while the SFT warm start gathers its "
+            f"tasks; its task factory must yield train tasks promptly (steprl check-env)"
         ) from None
 
 

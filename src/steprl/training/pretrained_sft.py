@@ -27,7 +27,11 @@ from steprl.types import Task
 
 
 def warm_start(
-    policy: Any, cfg: Config, log: Callable[[str], None], make_env: Callable[[Task], Env] | None
+    policy: Any,
+    cfg: Config,
+    log: Callable[[str], None],
+    make_env: Callable[[Task], Env] | None,
+    run: setup.RunEnvs,
 ) -> Any:
     """`policy` (a `training.policy.Policy` of a pretrained model) with LoRA applied and, for
     `model.init: sft`, trained on expert demonstrations."""
@@ -39,19 +43,19 @@ def warm_start(
     if make_env is None:
         raise ValueError("the SFT warm start plays demonstrations: pass make_env (an EnvPool's make_env)")
     s = cfg.model.sft
-    spec = setup.env_spec(cfg)
-    if s.skill_strategy not in spec.strategies:
+    strategies = run.strategies()
+    if s.skill_strategy not in strategies:
         raise ConfigError(
-            f"model.sft.skill_strategy={s.skill_strategy!r} is not a strategy of env {spec.name!r}; its "
-            f"strategies: {sorted(spec.strategies)} (or set model.init=pretrained to skip the warm start)"
+            f"model.sft.skill_strategy={s.skill_strategy!r} is not a strategy of env {run.name!r}; its "
+            f"strategies: {sorted(strategies)} (or set model.init=pretrained to skip the warm start)"
         )
     fmt = setup.prompt_format(cfg, policy.tokenizer)
     setup.check_prompt_format(fmt, cfg, log)  # a template the run would refuse: before the work
-    tasks = list(islice(spec.tasks("train", s.seed, **cfg.env.task_params), s.num_episodes))
+    tasks = list(islice(run.demo_tasks(s.seed)(), s.num_episodes * len(run.envs)))
     t0 = time.perf_counter()
     demos = sft.make_demos(
         tasks,
-        strategies=spec.strategies,
+        strategies=strategies,
         weights={s.skill_strategy: 1.0},
         make_env=make_env,
         fmt=fmt,

@@ -41,6 +41,7 @@ from steprl.diagnostics import (
     TensorBoardSink,
     TrainingProgress,
     TrajectoryWriter,
+    env_metrics,
     plot_learning_curve,
     reward_component_means,
     rollout_metrics,
@@ -112,12 +113,12 @@ def _train(
     torch.use_deterministic_algorithms(True, warn_only=True)
     for warning in config_warnings(cfg):
         log(f"WARNING: {warning}")
-    spec = env_setup.env_spec(cfg)
-    log(f"environments: {spec.name} on the {envs.name} backend, at most {envs.max_concurrent} live")
+    run_envs = env_setup.run_envs(cfg)  # each env's spec, resolved once for the whole run
+    log(f"environments: {run_envs.describe()} on the {envs.name} backend, at most {envs.max_concurrent} live")
     resume_from = plan.resume_from
     with stop.interruptible():
-        env_setup.check_env_starts(envs, spec, cfg, log)
-        parts = build(cfg, envs, cleanup, log, resuming=resume_from is not None)
+        env_setup.check_env_starts(envs, run_envs, cfg, log)
+        parts = build(cfg, run_envs, envs, cleanup, log, resuming=resume_from is not None)
     # every start-up check has passed (config, env, model, extras): only now is an earlier run's
     # directory cleared, so a start that fails leaves it whole
     run_dir = resume.make_run_dir(plan, cfg, log)
@@ -148,7 +149,9 @@ def _train(
         seed = seeds.eval_stream_seed(cfg.run.seed, step)
         started = time.perf_counter()
         with stop.interruptible():
-            metrics, trajectories = evaluate(parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run)
+            metrics, trajectories = evaluate(
+                parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run, per_env=parts.envs.several
+            )
         first_failures(trajectories, f"evaluation at step {step}")
         return metrics, {"time/eval_s": time.perf_counter() - started}
 
@@ -304,16 +307,19 @@ def run_step(
     # the learner waits only while it takes groups
     flow = pipeline.take_metrics(cfg.trainer.epochs * cfg.trainer.mini_batches)
     flow["time/learner_idle_share"] = t_rollout / max(t_step, 1e-9)
-    return state, step_metrics(collected, batch, stats, version) | times | flow, collected.rollouts
+    metrics = step_metrics(collected, batch, stats, version, per_env=parts.envs.several)
+    return state, metrics | times | flow, collected.rollouts
 
 
 def step_metrics(
-    collected: CollectedGroups, batch: StepBatch, stats: dict[str, float], version: int
+    collected: CollectedGroups, batch: StepBatch, stats: dict[str, float], version: int, *, per_env: bool
 ) -> dict[str, float]:
+    """The step's metrics; `per_env` (a run with several envs): also `env/<env>/...`."""
     trajectories = collected.rollouts
     abs_adv = batch.abs_advantage
     return {
         **rollout_metrics(trajectories),
+        **(env_metrics(trajectories) if per_env else {}),
         **reward_component_means(trajectories),
         **template_metrics(trajectories),
         **collected.metrics,

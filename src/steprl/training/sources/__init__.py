@@ -7,6 +7,11 @@ pipeline (`training/pipeline.py`) takes from it, gives back the task of a group 
 stream order (`observe`: a curriculum learns from success there; the plain stream ignores it).
 Its `state_dict` is in the checkpoint, so a resume continues the same stream without replaying it.
 
+A source is built from the run's train splits (`TaskSplits`: one per env, with the env weights)
+and the run seed. Called, the splits give one stream of every env's tasks, interleaved by
+weight in a fixed order, so a source written for one env (as `stream`) runs on several as is;
+`mixture` draws each position's env by weight instead.
+
 A new source is one file here plus one entry in `TASK_SOURCES`; `check_task_source`
 (`sources/check.py`) is what the tests run over every entry. A source of your own needs no
 edit here: `env.source: package.module:attr` names its factory (as `env.name` names an env).
@@ -19,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 from steprl.config import ConfigError
 from steprl.training.components import Stateful, load_attr
+from steprl.training.sources.mixture import MixtureSource
+from steprl.training.sources.splits import TaskSplits
 from steprl.training.sources.stream import StreamSource
 from steprl.types import Group, Task
 
@@ -42,17 +49,22 @@ class TaskSource(Stateful, Protocol):
         ...
 
 
-#: (the train split: each call a fresh iterator from its start; the run seed) -> a source
-SourceFactory = Callable[[Callable[[], Iterator[Task]], int], TaskSource]
+#: (the train splits: called, a fresh iterator over all of them from the start; the run seed)
+#: -> a source
+SourceFactory = Callable[[TaskSplits, int], TaskSource]
 
 TASK_SOURCES: dict[str, SourceFactory] = {
-    "stream": StreamSource,  # the env's train split in order: today's behaviour, bit for bit
+    "stream": StreamSource,  # the train split(s) in order (several: interleaved by weight)
+    "mixture": MixtureSource,  # each position's env drawn by weight, from the run seed
 }
 
 
-def make_source(name: str, tasks: Callable[[], Iterator[Task]], seed: int) -> TaskSource:
+def make_source(name: str, tasks: TaskSplits | Callable[[], Iterator[Task]], seed: int) -> TaskSource:
     """The source `name` (`env.source`: a name in `TASK_SOURCES`, or the import path
-    `package.module:attr` of a factory) over the train split `tasks`."""
+    `package.module:attr` of a factory) over the train splits `tasks` (a bare iterator factory
+    is one env's split)."""
+    if not isinstance(tasks, TaskSplits):
+        tasks = TaskSplits.one(tasks)
     factory = TASK_SOURCES.get(name) or (_from_import_path(name) if ":" in name else None)
     if factory is None:
         raise ConfigError(
@@ -80,4 +92,4 @@ def take(source: TaskSource, n: int) -> list[tuple[int, Task]]:
     return out
 
 
-__all__ = ["TASK_SOURCES", "SourceFactory", "TaskSource", "make_source", "take"]
+__all__ = ["TASK_SOURCES", "SourceFactory", "TaskSource", "TaskSplits", "make_source", "take"]

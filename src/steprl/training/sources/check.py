@@ -1,8 +1,8 @@
 """`check_task_source`: the contract of a task source, as `check_env` is an env's. The tests run
 it over every entry of `TASK_SOURCES`; run it on your own before you register it.
 
-What it proves, on a synthetic two-env split and groups whose success varies by task (so a
-source that learns from `observe` is exercised):
+What it proves, on synthetic train splits of two envs weighted 1:2, and groups whose success
+varies by task (so a source that learns from `observe` is exercised):
 - deterministic: two sources built alike and driven alike hand out the same tasks;
 - resumable: after k tasks, a `state_dict` written and read back as a checkpoint does it
   (`torch.save`, `torch.load(weights_only=True)`) gives a fresh source the same next 100 tasks;
@@ -12,22 +12,31 @@ source that learns from `observe` is exercised):
 
 from __future__ import annotations
 
+import functools
 import io
 from collections import Counter
 from collections.abc import Iterator
 
 import torch
 
-from steprl.training.sources import TaskSource, make_source, take
+from steprl.training.sources import TaskSource, TaskSplits, make_source, take
 from steprl.types import EndReason, Group, Task, Trajectory
 
 ENVS = ("env_a", "env_b")
 
 
-def synthetic_tasks(seed: int) -> Iterator[Task]:
-    """A long seeded train split over two envs (a pure function of the seed)."""
+def synthetic_tasks(seed: int, env: str = ENVS[0]) -> Iterator[Task]:
+    """A long seeded train split of `env` (a pure function of the seed)."""
     for i in range(100_000):
-        yield Task(f"{seed}-{i}", f"q{i}", ENVS[i % 2], seed=seed * 1_000_003 + i, params={"i": i})
+        yield Task(f"{env}-{seed}-{i}", f"q{i}", env, seed=seed * 1_000_003 + i, params={"i": i})
+
+
+def synthetic_splits(seed: int) -> TaskSplits:
+    """The train splits of two envs, the second weighted twice the first."""
+    return TaskSplits(
+        {env: functools.partial(synthetic_tasks, seed, env) for env in ENVS},
+        dict(zip(ENVS, (1.0, 2.0), strict=True)),
+    )
 
 
 def _group(task: Task) -> Group:
@@ -68,13 +77,14 @@ def check_task_source(name: str, seed: int = 3, k: int = 37) -> None:
     or an import path, as `env.source` takes) keeps the contract."""
 
     def build() -> TaskSource:
-        return make_source(name, lambda: synthetic_tasks(seed), seed)
+        return make_source(name, synthetic_splits(seed), seed)
 
     a, b = build(), build()
     assert isinstance(a, TaskSource), f"{name}: not a TaskSource (next, requeue, observe, state_dict, ...)"
     first = _drive(a, 60)
     assert first == _drive(b, 60), f"{name}: two sources built alike gave different tasks"
     assert all(t.env in ENVS for _, t in first), f"{name}: a task without its env name"
+    assert {t.env for _, t in first} == set(ENVS), f"{name}: 60 tasks and not one of each env"
 
     # resume: after k tasks (one given back and not taken yet), the same next 100
     source = build()
@@ -102,4 +112,4 @@ def check_task_source(name: str, seed: int = 3, k: int = 37) -> None:
     assert not repeated, f"{name}: stream positions handed out twice without a requeue: {repeated}"
 
 
-__all__ = ["ENVS", "check_task_source", "synthetic_tasks"]
+__all__ = ["ENVS", "check_task_source", "synthetic_splits", "synthetic_tasks"]
