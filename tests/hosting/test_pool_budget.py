@@ -14,6 +14,7 @@ from itertools import islice
 import pytest
 import torch
 
+from step_helpers import SyncSource
 from steprl.envs.base import Observation, Transition
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, make_tasks, register
@@ -25,7 +26,7 @@ from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.training.sources.stream import StreamSource
-from steprl.training.step_parts import SyncSource, collect_groups
+from steprl.training.step_batch import collect_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cli_runs import train_hang_env
+from step_helpers import SyncSource
 from steprl.algorithms import POLICY_LOSSES
 from steprl.algorithms.advantages import grpo
 from steprl.envs.base import Observation
@@ -21,7 +22,7 @@ from steprl.envs.registry import ENVS, EnvSpec, get_spec, register
 from steprl.errors import RunAborted
 from steprl.training.learner import Learner
 from steprl.training.sources.stream import StreamSource
-from steprl.training.step_parts import SyncSource, collect_groups, valid
+from steprl.training.step_batch import collect_groups, valid
 from steprl.training.trainer import describe_eval, train
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 from tiny_runs import small_config

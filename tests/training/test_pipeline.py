@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
+from step_helpers import SyncSource, local_rollout
 from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.loop import Budgets
 from steprl.training.pipeline import Finished, Pipeline, staleness_metrics
 from steprl.training.producers import LocalProducer
 from steprl.training.sources.stream import StreamSource
-from steprl.training.step_parts import SyncSource, local_rollout
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 
 

@@ -55,8 +55,14 @@ class AdvantageInputs:
     @property
     def step_end(self) -> Tensor:
         """(B, T) bool: the last action token of each step (where a step's reward sits)."""
-        nxt = torch.cat([self.token_step[:, 1:], torch.full_like(self.token_step[:, :1], -1)], dim=1)
-        return (self.token_step >= 0) & (nxt != self.token_step)
+        return step_ends(self.token_step)
+
+
+def step_ends(token_step: Tensor) -> Tensor:
+    """(B, T) bool: where a step's run of action tokens ends (the next position holds another
+    step, or none): the token that carries the step's reward."""
+    nxt = torch.cat([token_step[:, 1:], torch.full_like(token_step[:, :1], -1)], dim=1)
+    return (token_step >= 0) & (nxt != token_step)
 
 
 def first_token_of_steps(values: Tensor, token_step: Tensor, num_steps: int) -> Tensor:

@@ -4,18 +4,42 @@
   loss mask that is 1 exactly on action tokens. Observation and prompt tokens never carry weight.
 * `per_step_view` (any other context rule): one sample per step, `prompt_t + a_t`, masked the same
   way, because later prompts no longer extend earlier ones.
+
+One alignment: every per-token tuple of a `Sample` is INPUT-aligned (entry t is about
+`input_ids[t]`), because that is how the views are read and checked. What the model computes is
+TARGET-aligned (entry t is about the prediction of `input_ids[t + 1]`, length `len(input_ids) - 1`):
+log-probs, entropies, critic values, advantages, returns and the learner's `(B, T-1)` tensors.
+`targets` (and its inverse `inputs`) converts a row; `training/batching.collate` does the same to
+a padded batch (its targets are `input_ids[:, 1:]`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from steprl.types import Trajectory
+
+T = TypeVar("T")
+
+
+def targets(per_token: Sequence[T]) -> tuple[T, ...]:
+    """An input-aligned per-token tuple of a `Sample`, target-aligned: entry 0 is dropped, since
+    nothing predicts the first token (a loss mask, behaviour log-probs or step ids as the learner
+    and the estimators read them)."""
+    return tuple(per_token[1:])
+
+
+def inputs(per_target: Sequence[float]) -> tuple[float, ...]:
+    """The inverse of `targets` for values: a target-aligned row, input-aligned, with 0.0 for the
+    first token (which carries no weight: the loss mask is 0 there)."""
+    return (0.0, *per_target)
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One training row. All tuples have the same length as `input_ids`.
+    """One training row. All tuples are input-aligned: the same length as `input_ids`.
 
     `loss_mask[t] == 1` iff `input_ids[t]` was sampled by the policy; `old_logprobs[t]` is the
     engine's log-prob of that token (0.0 where the mask is 0).
@@ -27,7 +51,8 @@ class Sample:
     traj_index: int  # which trajectory of the batch this row came from (for its advantage)
     #: step number (within the trajectory) of each action token; -1 on prompt/observation tokens
     token_step: tuple[int, ...] = ()
-    #: per-token advantages and critic targets, filled in by the trainer (0 off the mask)
+    #: per-token advantages and critic targets (0 off the mask); a view has none: the step's
+    #: frozen `training/step_batch.Row` holds them and makes the row the learner trains on
     advantages: tuple[float, ...] = ()
     returns: tuple[float, ...] = ()
 

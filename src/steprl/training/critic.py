@@ -52,7 +52,7 @@ def values_of(
 def per_token_values(
     model: nn.Module, head: ValueHead, samples: Sequence[Sample], pad_id: int, micro_batch_size: int
 ) -> list[tuple[float, ...]]:
-    """Values aligned with each sample's input_ids (entry j: value before token j; entry 0 is 0)."""
+    """Target-aligned values per sample (entry t: V of the prefix that predicts input_ids[t + 1])."""
     out: list[tuple[float, ...]] = []
     with torch.no_grad():
         for m0 in range(0, len(samples), micro_batch_size):
@@ -60,7 +60,7 @@ def per_token_values(
             b = collate(chunk, pad_id)
             v = values_of(model, head, b.input_ids, b.attention)
             for i, s in enumerate(chunk):
-                out.append((0.0, *v[i, : len(s.input_ids) - 1].tolist()))
+                out.append(tuple(v[i, : len(s.input_ids) - 1].tolist()))
     return out
 
 
@@ -154,9 +154,9 @@ class SharedCritic:
 
 
 def collate_values(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:
-    """Per-sample value tuples (aligned with input_ids) -> (B, T-1) target-aligned tensor."""
+    """Per-sample target-aligned value tuples -> (B, T-1) tensor, 0 past each row's end."""
     out = torch.zeros(shape)
     for i, r in enumerate(rows):
-        if len(r) > 1:
-            out[i, : len(r) - 1] = torch.tensor(r[1:], dtype=torch.float32)
+        if len(r):
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
     return out

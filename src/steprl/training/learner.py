@@ -119,8 +119,8 @@ class Learner:
         return [lp for lp, _ in self._token_stats(samples, model)]
 
     def entropies_of(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        """Token entropies under the current policy, aligned with each sample's input_ids (EMPG)."""
-        return [(0.0, *ent.tolist()) for _, ent in self._token_stats(samples)]
+        """Token entropies under the current policy, target-aligned per sample (EMPG)."""
+        return [tuple(ent.tolist()) for _, ent in self._token_stats(samples)]
 
     def update(
         self,

@@ -65,8 +65,7 @@ from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
-from steprl.training.step_batch import StepBatch, make_batch
-from steprl.training.step_parts import CollectedGroups, collect_groups
+from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
 from steprl.types import Trajectory
 
 
