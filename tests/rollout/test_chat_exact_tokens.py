@@ -1,7 +1,7 @@
 """Exact tokens on the Qwen3 test bed (issue 12): sampled multi-turn tool episodes through the
 real agent loop, with hostile observations, train on exactly the ids the engine saw and sampled.
 
-200 episodes (25 tasks x 8 samples, up to 4 turns of up to 24 tokens, temperature 1) of the
+40 episodes (5 tasks x 8 samples, up to 4 turns of up to 24 tokens, temperature 1) of the
 random Qwen3 test-bed model (hidden 64, 2 layers, the real 151k Qwen3 vocabulary and chat
 template) through `HFEngine`, `ChatFormat` and `rollout_groups`, on a scripted env with one
 JSON-schema tool whose observations are hostile: special-token text of several families,
@@ -19,8 +19,10 @@ observation decodes to the template's framing around the env text exactly, holds
 but the framing's own, and carries the env text's ids (`fmt.message_ids`) contiguously (or, for
 text without control strings, is tokenized in one piece with the framing, as a whole render
 is); and the learner's chunked log-probs on the collated rows match the engine's within 1e-4.
-The 200-episode run is marked slow (about 45 s of sampling plus 17 s of learner log-probs on 2
-busy cores); the same checks run on a 12-episode subset of it in the default suite.
+40 episodes cover every case several times (each turn end at least 25 times, the cut 50 kB
+output 3 times): every check runs once on all of them, in about 10 s on 2 busy cores. (Until
+issue 24 a slow 200-episode run repeated the same checks on five times as many episodes,
+about 35 s, beside a 12-episode run of the same checks.)
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from steprl.rollout.views import packed_view
 from steprl.training.batching import collate, token_logprobs
 from steprl.types import EndReason, Task, Trajectory
 
-N_TASKS, GROUP, MAX_TURNS, TOKENS_PER_TURN = 25, 8, 4, 24
+N_TASKS, GROUP, MAX_TURNS, TOKENS_PER_TURN = 5, 8, 4, 24  # each task prompt once
 CUT_TOKENS = 64  # the 50 kB output is cut to this many Qwen3 tokens
 STOP_BIAS = 8.4  # exp(8.4) / 151k ~ 3 % per token for each of <|im_end|>, </tool_call>
 
@@ -184,15 +186,10 @@ def _framed(text: str, tool_result: bool) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-#: The 200-episode run (slow: about a minute on 2 cores, most of it sampling over the 151k
-#: vocabulary) and a 12-episode one that runs the same checks in a few seconds.
-FULL = pytest.param((N_TASKS, GROUP), id="200-episodes", marks=pytest.mark.slow)
-SIZES = [pytest.param((3, 4), id="12-episodes"), FULL]
-
-
-@pytest.fixture(scope="module", params=SIZES)
-def rollouts(request: pytest.FixtureRequest, tok: Any, fmt: ChatFormat, model: nn.Module) -> dict[str, Any]:
-    n_tasks, group = request.param
+@pytest.fixture(scope="module")
+def rollouts(tok: Any, fmt: ChatFormat, model: nn.Module) -> dict[str, Any]:
+    """The episodes every test checks (most of the time is sampling over the 151k vocabulary)."""
+    n_tasks, group = N_TASKS, GROUP
     big = _big_output()
     assert len(big.encode()) >= 50_000
     cut = tok.decode(list(fmt.text.encode(big)[:CUT_TOKENS]))
@@ -223,10 +220,9 @@ def _no_failures(trajs: Sequence[Trajectory]) -> None:
     assert not failed, failed[:3]
 
 
-@pytest.mark.parametrize("rollouts", [FULL], indirect=True)
 def test_the_episodes_cover_every_case(tok: Any, fmt: ChatFormat, rollouts: dict[str, Any]) -> None:
     trajs = rollouts["trajs"]
-    assert len(trajs) == N_TASKS * GROUP >= 200
+    assert len(trajs) == N_TASKS * GROUP >= 40
     _no_failures(trajs)
     im_end, close = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("</tool_call>")
     ends: Counter[str] = Counter()
@@ -248,11 +244,10 @@ def test_the_episodes_cover_every_case(tok: Any, fmt: ChatFormat, rollouts: dict
     multi = sum(len(t.steps) > 2 for t in trajs)
     print(f"\n{len(trajs)} episodes in {rollouts['seconds']:.1f}s; turn ends {dict(ends)}")
     print(f"observations {dict(kinds)}")
-    assert ends["im_end"] > 50 and ends["tool_call_close"] > 50 and ends["length"] > 20, ends
-    assert (
-        kinds["tool_call"] > 50 and kinds["answer"] > 50 and kinds["split"] > 50 and kinds["one_piece"] > 50
-    )
-    assert kinds["cut_50k"] > 5 and multi > 50
+    # each case several times (measured: ends 36 / 44 / 25, kinds 41 / 40 / 25 / 56, cut 3, multi 21)
+    assert ends["im_end"] >= 10 and ends["tool_call_close"] >= 10 and ends["length"] >= 10, ends
+    assert all(kinds[k] >= 10 for k in ("tool_call", "answer", "split", "one_piece")), kinds
+    assert kinds["cut_50k"] >= 2 and multi >= 10
     assert {t.end for t in trajs} >= {EndReason.ANSWERED, EndReason.TRUNCATED}
 
 
