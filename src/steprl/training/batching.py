@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from steprl.errors import UserError
-from steprl.rollout.views import Sample
+from steprl.rollout.views import Sample, targets
 from steprl.training.packing import Tree, pack, tree_tensors
 from steprl.training.tree_forward import tree_hidden
 
@@ -99,29 +99,22 @@ def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Ba
     bsz = len(samples)
     ids = torch.full((bsz, width), pad_id, dtype=torch.long)
     attn = torch.zeros((bsz, width), dtype=torch.long)
-    per_token = {k: torch.zeros((bsz, width)) for k in ("mask", "old", "adv", "ret")}
+    # the batch's per-token tensors are target-aligned (column t: the prediction of token t+1)
+    per_token = {k: torch.zeros((bsz, width - 1)) for k in ("mask", "old", "adv", "ret")}
     for i, s in enumerate(samples):
         ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
         attn[i, : len(s.input_ids)] = 1
-        _fill(per_token["mask"], i, s.loss_mask)
-        _fill(per_token["old"], i, s.old_logprobs)
-        _fill(per_token["adv"], i, s.advantages)
-        _fill(per_token["ret"], i, s.returns)
-    mask = per_token["mask"][:, 1:]
+        _fill(per_token["mask"], i, targets(s.loss_mask))
+        _fill(per_token["old"], i, targets(s.old_logprobs))
+        _fill(per_token["adv"], i, targets(s.advantages))
+        _fill(per_token["ret"], i, targets(s.returns))
+    mask = per_token["mask"]
     layout = Layout(
         tuple(torch.full((len(s.input_ids) - 1,), i) for i, s in enumerate(samples)),
         tuple(torch.arange(len(s.input_ids) - 1) for s in samples),
-        tuple(torch.tensor(s.loss_mask[1:], dtype=torch.float32) for s in samples),
+        tuple(torch.tensor(targets(s.loss_mask), dtype=torch.float32) for s in samples),
     )
-    return Batch(
-        ids,
-        attn,
-        mask,
-        per_token["old"][:, 1:],
-        per_token["adv"][:, 1:] * mask,
-        per_token["ret"][:, 1:],
-        layout=layout,
-    )
+    return Batch(ids, attn, mask, per_token["old"], per_token["adv"] * mask, per_token["ret"], layout=layout)
 
 
 #: Pack only when the trees hold at most this share of the rows' tokens: a tree runs as several
@@ -139,7 +132,7 @@ def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
         nodes = torch.tensor(trees[b].nodes[r][1:]) - 1  # target t of the row is node t+1's column
         rows.append(torch.full(nodes.shape, b))
         cols.append(nodes)
-    trained = tuple(torch.tensor(s.loss_mask[1:], dtype=torch.float32) for s in samples)
+    trained = tuple(torch.tensor(targets(s.loss_mask), dtype=torch.float32) for s in samples)
     layout = Layout(tuple(rows), tuple(cols), trained)
     mask = f["mask"]
     return Batch(ids, valid, mask, f["old"], f["adv"] * mask, f["ret"], pred, layout, tuple(trees))
