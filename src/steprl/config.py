@@ -38,12 +38,14 @@ from steprl.algorithms import (
     estimators,
     filters,
 )
-from steprl.config_values import check_params, format_errors, load_yaml
-from steprl.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config problem, with the dotted key and what is allowed (one line from the CLI)."""
+from steprl.config_values import (
+    ConfigError,
+    anchor_task_files,
+    check_params,
+    format_errors,
+    parse_override,
+    read_yaml,
+)
 
 
 class _Section(BaseModel):
@@ -164,10 +166,8 @@ class EnvEntry(_Section):
     params: dict[str, Any] = {}  # keyword arguments of the env factory (one env per episode)
     task_params: dict[str, Any] = {}  # keyword arguments of the env's task generator
     task_file: TaskFileSection | None = None  # tasks from a file instead of the env's generator
-    # in a list of envs: its share of the train tasks (the mixture source draws by weight)
-    weight: float = Field(1.0, gt=0)
-    # in a list of envs: what its tasks, metrics (env/<id>/...) and trajectories call it
-    # (default: `name`); two entries of the same env need ids of their own
+    weight: float = Field(1.0, gt=0)  # in a list of envs: its share of the train tasks
+    # in a list: what its tasks and metrics (env/<id>/...) call it (default: `name`)
     id: str | None = None
 
     @field_validator("id")
@@ -178,8 +178,7 @@ class EnvEntry(_Section):
         return v
 
     @property
-    def key(self) -> str:
-        """What the run's tasks of this env carry in `task.env` when the run has several envs."""
+    def key(self) -> str:  # what the run's tasks of this env carry in `task.env` (several envs)
         return self.id or self.name
 
 
@@ -188,11 +187,9 @@ class EnvSection(EnvEntry):
     of them, each with a `weight` (`env:` given as a YAML list, or `env.mix`). A list trains on
     a mixture: `source: auto` draws each task's env by weight (the `mixture` source)."""
 
-    # several envs, each an EnvEntry (a YAML list under `env:` lands here)
-    mix: list[EnvEntry] = []
-    # where each step's train tasks come from: a name in steprl.training.sources.TASK_SOURCES
-    # ("stream": the train split in order; "mixture": each task's env drawn by weight) or the
-    # import path of your own; "auto": stream for one env, mixture for a list
+    mix: list[EnvEntry] = []  # several envs (a YAML list under `env:` lands here)
+    # the train tasks' source: a name in steprl.training.sources.TASK_SOURCES (stream, mixture)
+    # or the import path of your own; "auto": stream for one env, mixture for a list
     source: str = "auto"
     # modules imported first, by the trainer, the env server and the Ray workers (they register
     # envs); `--plugin MODULE` on the command line adds to them
@@ -202,22 +199,14 @@ class EnvSection(EnvEntry):
     def _one_env_or_a_list(self) -> EnvSection:
         if not self.mix:
             return self
-        one = EnvEntry()
-        given = [
-            k
-            for k in ("name", "params", "task_params", "task_file", "id")
-            if getattr(self, k) != getattr(one, k)
-        ]
+        one, fields = EnvEntry(), ("name", "params", "task_params", "task_file", "id")
+        given = [k for k in fields if getattr(self, k) != getattr(one, k)]
         if given:
-            raise ValueError(
-                f"env.{given[0]} is set next to a list of envs (env.mix): give one env, or put it in the list"
-            )
+            raise ValueError(f"env.{given[0]} is set next to a list of envs (env.mix): give one or the other")
         keys = [e.key for e in self.mix]
         twice = sorted({k for k in keys if keys.count(k) > 1})
         if twice:
-            raise ValueError(
-                f"env.mix has {twice[0]!r} twice: give each entry of the same env an `id` of its own"
-            )
+            raise ValueError(f"env.mix has {twice[0]!r} twice: give each of them an `id` of its own")
         return self
 
     def entries(self) -> list[EnvEntry]:
@@ -476,33 +465,6 @@ def _one_of(value: str, allowed: Any) -> str:
     return value
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 3 -> int, true -> bool)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.lr=3e-4)")
-    key, raw = item.split("=", 1)
-    try:
-        value = load_yaml(raw)
-    except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(
-            f"override {item!r}: the value is not valid YAML ({problem}); quote it, e.g. {key}='...'"
-        ) from None
-    return key.strip().split("."), value
-
-
-def _read_yaml(p: Path) -> Any:
-    try:
-        return load_yaml(p.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
-        problem = getattr(err, "problem", None) or " ".join(str(err).split())
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {p} cannot be read: {err}") from None
-
-
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read YAML (or start from defaults), apply `key=value` overrides, validate. What depends
     on this machine (the device, the output directory) is `steprl.config_checks.check_host`."""
@@ -511,11 +473,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist (see configs/ for examples)")
-        loaded = _read_yaml(p) or {}
+        loaded = read_yaml(p) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (run:, model:, ...)")
         data = loaded
-        _anchor_task_file(data, p.parent)
+        anchor_task_files(data, p.parent)
     for item in overrides:
         keys, value = parse_override(item)
         node = data
@@ -525,26 +487,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 raise ConfigError(f"override {item!r}: {k} is a value, not a section")
             node = nxt
         node[keys[-1]] = value
-    _anchor_task_file(data, Path.cwd())  # one given with --set (the YAML's is absolute by now)
+    anchor_task_files(data, Path.cwd())  # one given with --set (the YAML's is absolute by now)
     try:
         return Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_errors(err, Config)) from None
-
-
-def _anchor_task_file(data: dict[str, Any], base: Path) -> None:
-    """Make a relative `env.task_file.path` absolute against `base`: the config file's directory
-    for a path written in it (a config runs from any directory), the working directory for one
-    given with --set (as a shell user means it). A saved config (a checkpoint's) then names the
-    same file from anywhere."""
-    env = data.get("env")
-    entries = (
-        env if isinstance(env, list) else [env, *(env.get("mix") or [])] if isinstance(env, dict) else []
-    )
-    for entry in entries:
-        tf = entry.get("task_file") if isinstance(entry, dict) else None
-        if isinstance(tf, dict) and isinstance(tf.get("path"), str):
-            tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
 
 
 def dump_config(cfg: Config) -> str:

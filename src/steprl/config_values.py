@@ -19,13 +19,26 @@ import re
 import sys
 import types
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-__all__ = ["PARAM_RANGES", "allowed_values", "check_params", "format_errors", "load_yaml"]
+from steprl.errors import UserError
+
+__all__ = [
+    "PARAM_RANGES",
+    "ConfigError",
+    "allowed_values",
+    "anchor_task_files",
+    "check_params",
+    "format_errors",
+    "load_yaml",
+    "parse_override",
+    "read_yaml",
+]
 
 
 class _Loader(yaml.SafeLoader):
@@ -185,3 +198,50 @@ def format_errors(err: ValidationError, root: type[BaseModel]) -> str:
                 line += f"; allowed values: {allowed_values(field.annotation, field.metadata)}"
             lines.append(line)
     return "invalid config: " + "; ".join(" ".join(line.split()) for line in lines)
+
+
+class ConfigError(UserError, ValueError):
+    """A config problem, with the dotted key and what is allowed (one line from the CLI)."""
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML, so 3 -> int, true -> bool)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.lr=3e-4)")
+    key, raw = item.split("=", 1)
+    try:
+        value = load_yaml(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            f"override {item!r}: the value is not valid YAML ({problem}); quote it, e.g. {key}='...'"
+        ) from None
+    return key.strip().split("."), value
+
+
+def read_yaml(p: Path) -> Any:
+    """A config file's YAML; a syntax error or an unreadable file is one line naming where."""
+    try:
+        return load_yaml(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {p} cannot be read: {err}") from None
+
+
+def anchor_task_files(data: dict[str, Any], base: Path) -> None:
+    """Make each relative `task_file.path` of `env` (one env or a list) absolute against `base`:
+    the config file's directory for a path written in it (a config runs from any directory), the
+    working directory for one given with --set (as a shell user means it). A saved config (a
+    checkpoint's) then names the same file from anywhere."""
+    env = data.get("env")
+    entries = (
+        env if isinstance(env, list) else [env, *(env.get("mix") or [])] if isinstance(env, dict) else []
+    )
+    for entry in entries:
+        tf = entry.get("task_file") if isinstance(entry, dict) else None
+        if isinstance(tf, dict) and isinstance(tf.get("path"), str):
+            tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
