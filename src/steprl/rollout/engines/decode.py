@@ -31,7 +31,7 @@ from steprl.rollout.engines.sampling import ends_with_any, request_uniforms, sam
 class Request:
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
-    future: asyncio.Future[Generation]
+    future: asyncio.Future[Generation] | None  # the scheduler's caller; None outside it
     seed: int | None = None
 
 

@@ -194,12 +194,12 @@ class HFEngine:
                 finished = batch.step()
             except Exception as exc:  # surface to every waiter instead of hanging them
                 for r in [*joining, *(row.request for row in batch.rows)]:
-                    if not r.future.done():
+                    if r.future is not None and not r.future.done():
                         r.future.set_exception(exc)
                 batch = RunningBatch(self)
                 continue
             for request, generation in finished:
-                if not request.future.done():
+                if request.future is not None and not request.future.done():
                     request.future.set_result(generation)
             # finished rows: their episodes step their envs and may ask again, let them join now;
             # otherwise one yield, so that a weight update from the trainer (asynchronous
@@ -212,20 +212,16 @@ class HFEngine:
         self, prompts: list[tuple[int, ...]], sp: SamplingParams, seeds: Sequence[int | None] | None = None
     ) -> list[Generation]:
         """Generate for `prompts` as one batch, outside the scheduler (tests, benchmarks)."""
-        loop = asyncio.new_event_loop()
-        try:
-            requests = [
-                Request(tuple(p), sp, loop.create_future(), s)
-                for p, s in zip(prompts, seeds or [None] * len(prompts), strict=True)
-            ]
-            batch = RunningBatch(self)
-            batch.admit(requests)
-            done: dict[int, Generation] = {}
-            while len(batch):
-                done.update({id(r): g for r, g in batch.step()})
-            return [done[id(r)] for r in requests]
-        finally:
-            loop.close()
+        requests = [
+            Request(tuple(p), sp, None, s)
+            for p, s in zip(prompts, seeds or [None] * len(prompts), strict=True)
+        ]
+        batch = RunningBatch(self)
+        batch.admit(requests)
+        done: dict[int, Generation] = {}
+        while len(batch):
+            done.update({id(r): g for r, g in batch.step()})
+        return [done[id(r)] for r in requests]
 
 
 __all__ = ["EngineSettings", "HFEngine", "request_uniforms", "sample_from_logits"]
