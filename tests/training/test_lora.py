@@ -206,7 +206,7 @@ def test_a_rollout_worker_merges_an_adapter_update(tokenizer, base):
         PlainFormat(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         envs=ray_workers.WorkerEnvs("calculator"),
-        factory=get_spec("calculator").factory,
+        factories={"calculator": get_spec("calculator").factory},
         rule=AppendOnly(),
         sampling=SamplingParams(),
         budgets=Budgets(max_turns=1, max_tokens_per_turn=4),
