@@ -249,6 +249,9 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("token_versions", pa.list_(pa.list_(pa.int64()))),  # per step, per action token
         ("info_json", pa.string()),  # Trajectory.info as JSON (non-JSON values via str)
         ("step_info_json", pa.list_(pa.string())),  # each Step.info as JSON
+        # per step, per action token: the advantage the learner trained that token with; null
+        # for an episode not trained on (filtered out, failed in the env, a held-out episode)
+        ("advantages", pa.list_(pa.list_(pa.float32()))),
     ]
 )
 _TEXT_FIELDS = [
@@ -286,11 +289,20 @@ class TrajectoryWriter(_ClosingContext):
         self.schema = schema
         self._closed = False
 
-    def write(self, step: int, trajectories: Sequence[Trajectory]) -> None:
+    def write(
+        self,
+        step: int,
+        trajectories: Sequence[Trajectory],
+        advantages: Sequence[Sequence[Sequence[float]] | None] | None = None,
+    ) -> None:
+        """Write `step`'s file. `advantages`, parallel to `trajectories`: each one's advantages
+        per step and action token (None: not trained on)."""
+        if advantages is not None and len(advantages) != len(trajectories):
+            raise ValueError(f"{len(advantages)} advantage lists for {len(trajectories)} trajectories")
         if self._closed:
             raise RuntimeError(f"TrajectoryWriter({self.path}) is closed; open a new one to write more.")
         columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
-        for t in trajectories:
+        for k, t in enumerate(trajectories):
             first_prompt = list(t.steps[0].prompt_ids) if t.steps else []
             columns["step"].append(int(step))
             columns["task_id"].append(t.task_id)
@@ -308,6 +320,8 @@ class TrajectoryWriter(_ClosingContext):
             columns["token_versions"].append([list(s.token_versions) for s in t.steps])
             columns["info_json"].append(_to_json(t.info))
             columns["step_info_json"].append([_to_json(s.info) for s in t.steps])
+            adv = advantages[k] if advantages is not None else None
+            columns["advantages"].append(None if adv is None else [[float(a) for a in turn] for turn in adv])
             if self.decode is not None:
                 columns["prompt_text"].append(self.decode(first_prompt))
                 columns["action_texts"].append([self.decode(s.action_ids) for s in t.steps])
