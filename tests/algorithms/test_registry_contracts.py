@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES, estimators
+from steprl.algorithms import (
+    ADVANTAGE_NEEDS_CRITIC,
+    ADVANTAGES,
+    GROUP_FILTERS,
+    POLICY_LOSSES,
+    advantages,
+    estimators,
+)
 from steprl.algorithms.check import (
     AlgorithmCheckError,
     check_advantage,
@@ -91,6 +98,12 @@ def _batch_mean_baseline(x: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(tok, tok)
 
 
+def _return_restarts_at_every_row(x: AdvantageInputs) -> AdvantageOutput:
+    # REINFORCE++ as it was: on step rows the earlier steps never see the outcome
+    a, ret = advantages.reinforce_pp(x.token_rewards, x.mask)
+    return AdvantageOutput(a, ret)
+
+
 def _inverted(x: AdvantageInputs) -> AdvantageOutput:
     out = estimators.grpo(x)
     return AdvantageOutput(-out.advantages, -out.returns)
@@ -113,6 +126,7 @@ def _ignores_the_critic(x: AdvantageInputs) -> AdvantageOutput:
         (_std_norm_without_guard, False, "finite"),
         (_leaks_onto_observations, False, "masked"),
         (_batch_mean_baseline, False, "no_signal"),
+        (_return_restarts_at_every_row, False, "no_signal"),
         (_inverted, False, "ordered"),
         (_in_place, False, "pure"),
         (_ignores_the_critic, True, "critic"),

@@ -240,7 +240,18 @@ def reinforce_pp(
       the final reward; we keep one return over the generated tokens.
     * rewards placed on masked tokens are ignored (put them on the last action token).
     * fully masked rows, an all-masked batch, or an empty batch give zeros.
+    * the return runs per ROW: on one-row-per-step layouts the adapter `estimators.reinforce_pp`
+      joins each trajectory's rows first (`AdvantageInputs.trajectory_tokens`).
     """
+    returns = discounted_returns(token_rewards, mask, gamma=gamma)
+    return masked_whiten(returns, mask != 0), returns
+
+
+def discounted_returns(
+    token_rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0
+) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t'} per row of (B, T), t' the next valid token (the return of
+    `reinforce_pp`): masked tokens are skipped and hold 0. Returns (B, T) float."""
     rewards = as_float(token_rewards)
     valid = mask != 0
     returns = torch.zeros_like(rewards)
@@ -248,8 +259,7 @@ def reinforce_pp(
     for t in reversed(range(rewards.shape[1])):
         running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
-    returns = torch.where(valid, returns, torch.zeros_like(returns))
-    return masked_whiten(returns, valid), returns
+    return torch.where(valid, returns, torch.zeros_like(returns))
 
 
 def reinforce_pp_baseline(

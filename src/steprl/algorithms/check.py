@@ -14,8 +14,8 @@ one row per trajectory and as one row per step (the two layouts the context rule
 - ``ordered``: of two rollouts of one group with the same shape, the one with the higher
   reward gets the higher mean advantage (a critic, if read, values every state alike);
 - ``no_signal`` (estimators without a critic): a batch in which every rollout got the same
-  rewards gives exactly 0 everywhere, no rounding noise (one row per trajectory: REINFORCE++'s
-  return restarts at every row, so on step rows its earlier steps never see the outcome);
+  rewards gives exactly 0 everywhere, no rounding noise, in either layout (a return that
+  restarted at every step row would leave earlier steps without the outcome, and non-zero);
 - ``critic`` (estimators marked in `ADVANTAGE_NEEDS_CRITIC`): without critic values the call
   raises a ValueError that names ``algorithm.critic``; different values on the action tokens
   change the advantages, values off the mask change nothing.
@@ -97,7 +97,8 @@ def _action_len(rollout: Rollout, step: int) -> int:
 def synthetic_inputs(
     rollouts: list[Rollout], *, step_rows: bool = False, values: str = ""
 ) -> AdvantageInputs:
-    """`AdvantageInputs` laid out as the trainer builds them from trajectories, without a model.
+    """`AdvantageInputs` laid out as `training/step_batch.py: advantage_inputs` builds them from
+    trajectories, without a model.
 
     Rows are whole trajectories (prompt, then each step's action tokens, an observation between
     steps) or, with `step_rows`, one row per step (its context, then its action). `values`:
@@ -275,12 +276,16 @@ def check_advantage(name: str, params: Mapping[str, Any] | None = None) -> Advan
             )
         ran.append("critic")
     else:
-        flat = _call_advantage(name, fn, synthetic_inputs(flat_rollouts()), kw)
-        if bool((flat.advantages != 0).any()):
-            worst = float(flat.advantages.abs().max())
-            _fail(
-                "no_signal", name, f"every rollout got the same rewards, yet |advantage| reaches {worst:.3g}"
-            )
+        for step_rows in (False, True):
+            flat = _call_advantage(name, fn, synthetic_inputs(flat_rollouts(), step_rows=step_rows), kw)
+            if bool((flat.advantages != 0).any()):
+                worst = float(flat.advantages.abs().max())
+                layout = "step rows" if step_rows else "trajectory rows"
+                _fail(
+                    "no_signal",
+                    name,
+                    f"every rollout got the same rewards, yet |advantage| reaches {worst:.3g} ({layout})",
+                )
         ran.append("no_signal")
     return AdvantageCheckReport(name, needs_critic, tuple(ran), zero_on_flat_groups)
 

@@ -69,8 +69,13 @@ def grpo_env_std(x: AdvantageInputs) -> AdvantageOutput:
 
 
 def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0) -> AdvantageOutput:
-    a, ret = adv.reinforce_pp(x.token_rewards, x.mask, gamma=gamma)
-    return AdvantageOutput(a, ret)
+    """`advantages.reinforce_pp` with one return over each trajectory: on one-row-per-step
+    layouts a row's return carries the later steps' rewards (restarting at every row, earlier
+    steps would never see the outcome), so a token gets the same advantage in either layout."""
+    tokens = x.trajectory_tokens
+    table = adv.discounted_returns(tokens.to_table(x.token_rewards), tokens.table_mask(), gamma=gamma)
+    ret = tokens.to_rows(table, tuple(x.mask.shape))
+    return AdvantageOutput(adv.masked_whiten(ret, x.mask), ret)
 
 
 def reinforce_pp_baseline(x: AdvantageInputs) -> AdvantageOutput:
