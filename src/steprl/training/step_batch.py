@@ -290,9 +290,12 @@ def with_kl_in_reward(
     beta: float,
     kind: str,
 ) -> tuple[AdvantageInputs, float]:
-    """KL in the reward (verl `use_kl_in_reward`): every action token's reward gets
-    `-beta * kl(behaviour, reference)`, and each trajectory's outcome reward the sum over its
-    tokens, so token-level and outcome estimators both see the penalty.
+    """KL in the reward (verl `use_kl_in_reward`): every action token's penalty
+    `-beta * kl(behaviour, reference)` goes into the rewards of each level, so every estimator
+    sees it at the level it reads:
+    * token (`token_rewards`: REINFORCE++, GAE, bi-level GAE): on the token itself;
+    * step (`step_rewards`: step GAE, GiGPO's step part): the sum over the step's action tokens;
+    * trajectory (`rewards`: GRPO, RLOO, ..., GiGPO's episode part): the sum over its tokens.
 
     Also returns the observed KL as verl measures it for its controller: the mean over rows of
     each row's token-mean KL (`masked_mean(kl, mask, axis=-1).mean()`)."""
@@ -303,11 +306,14 @@ def with_kl_in_reward(
         old = targets(v.old_logprobs)
         behav[i, : len(old)] = torch.tensor(old)
     token_rewards = losses.kl_in_reward(x.token_rewards, behav, ref, x.mask, beta, kind)
-    penalty = (token_rewards - x.token_rewards).sum(dim=1)
-    rewards = x.rewards.index_add(0, x.row_traj, penalty)
+    per_token = token_rewards - x.token_rewards
+    rewards = x.rewards.index_add(0, x.row_traj, per_token.sum(dim=1))
+    on_step = x.token_step >= 0  # the penalty is 0 off the mask, so only action tokens matter
+    step_rewards = x.step_rewards.index_add(0, x.token_step[on_step], per_token[on_step])
     kl = losses.kl_penalty(behav, ref, kind) * x.mask
     observed = (kl.sum(dim=1) / x.mask.sum(dim=1).clamp(min=1)).mean()
-    return replace(x, token_rewards=token_rewards, rewards=rewards), float(observed)
+    penalised = replace(x, token_rewards=token_rewards, rewards=rewards, step_rewards=step_rewards)
+    return penalised, float(observed)
 
 
 def postprocess(out: AdvantageOutput, x: AdvantageInputs, algo: AlgorithmSection) -> AdvantageOutput:
