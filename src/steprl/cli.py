@@ -291,6 +291,28 @@ def check_template_cmd(
 app.command("serve-env")(serve_env)
 
 
+@app.command("export")
+def export_cmd(
+    run: Path = typer.Argument(..., help="A run directory (runs/<name>)."),
+    out: Path | None = typer.Option(
+        None, "-o", "--out", help="Where to write (a new directory); default: RUN/atif/train (or eval)."
+    ),
+    eval_: bool = typer.Option(False, "--eval", help="Export the held-out evaluation episodes instead."),
+    format_: str = typer.Option("atif", "--format", help="The output format: atif (ATIF v1.7 JSON)."),
+) -> None:
+    """Write a run's saved episodes as ATIF trajectories (one JSON file per episode), keeping
+    steprl's exact token ids, log-probs, versions and advantages in ATIF's extension fields:
+    steprl.diagnostics.atif.import_atif reads them back into the Parquet columns, bit for bit."""
+    from steprl.diagnostics.atif import export_run
+    from steprl.errors import UserError
+
+    if format_ != "atif":
+        raise UserError(f"--format {format_}: the one export format is atif; leave --format out")
+    files = export_run(run, out, eval=eval_)
+    where = files[0].parent.parent
+    console.print(f"wrote {len(files)} episodes as ATIF to {where}", markup=False, highlight=False)
+
+
 def main() -> None:
     """The `steprl` command: a `UserError` (a missing extra, a plugin that does not import, a bad
     task row, ...) is one line and exit code 2, not a traceback."""
