@@ -30,6 +30,10 @@ def check_host(cfg: Config, *, device: bool = True, output_dir: bool = True) -> 
         check_device(cfg.model.device)
     if output_dir:
         check_output_dir(cfg.run.output_dir, cfg.run.name)
+    if cfg.logging.wandb is not None:  # before any work: not after the warm start has trained
+        from steprl.extras import require_extra
+
+        require_extra("wandb", feature="logging.wandb")
 
 
 def _allowed_devices(n_cuda: int, mps: bool) -> str:
