@@ -34,7 +34,7 @@ GROUP_RELATIVE = {"grpo", "dr_grpo", "rloo", "loop", "grpo_env_std", "gigpo"}
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_every_estimator_keeps_the_contract(name):
     report = check_advantage(name)
-    common = {"shapes", "finite", "masked", "pure", "ordered"}
+    common = {"shapes", "finite", "masked", "pure", "layouts", "ordered"}
     kind = {"critic"} if ADVANTAGE_NEEDS_CRITIC.get(name) else {"no_signal"}
     assert set(report.ran) == common | kind
     if name in GROUP_RELATIVE:
@@ -104,6 +104,18 @@ def _return_restarts_at_every_row(x: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(a, ret)
 
 
+def _gae_restarts_at_every_row(x: AdvantageInputs) -> AdvantageOutput:
+    # GAE as it was: on step rows a step's last token bootstraps from 0, not the next step's value
+    a, ret = advantages.gae(x.token_rewards, estimators._need_values(x, "broken"), x.mask)
+    return AdvantageOutput(a, ret)
+
+
+def _baseline_per_row(x: AdvantageInputs) -> AdvantageOutput:
+    # REINFORCE++-baseline as it was: a trajectory counted once per step row in its group's mean
+    a = advantages.reinforce_pp_baseline(x.rewards[x.row_traj], x.group_index[x.row_traj], x.mask)
+    return AdvantageOutput(a, a)
+
+
 def _inverted(x: AdvantageInputs) -> AdvantageOutput:
     out = estimators.grpo(x)
     return AdvantageOutput(-out.advantages, -out.returns)
@@ -126,7 +138,9 @@ def _ignores_the_critic(x: AdvantageInputs) -> AdvantageOutput:
         (_std_norm_without_guard, False, "finite"),
         (_leaks_onto_observations, False, "masked"),
         (_batch_mean_baseline, False, "no_signal"),
-        (_return_restarts_at_every_row, False, "no_signal"),
+        (_return_restarts_at_every_row, False, "layouts"),
+        (_gae_restarts_at_every_row, True, "layouts"),
+        (_baseline_per_row, False, "layouts"),
         (_inverted, False, "ordered"),
         (_in_place, False, "pure"),
         (_ignores_the_critic, True, "critic"),

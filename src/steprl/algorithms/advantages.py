@@ -330,6 +330,8 @@ def gae(
       with those columns deleted (tested). Rewards and values on masked tokens are ignored.
     * masked positions of adv AND returns are 0 (verl leaves the carried value there).
     * fully masked rows give zeros; whitening with 0/1 valid tokens follows `masked_whiten`.
+    * the recursion runs per ROW: on one-row-per-step layouts the adapter `estimators.gae`
+      joins each trajectory's rows first (`AdvantageInputs.trajectory_tokens`).
     """
     rewards = as_float(token_rewards)
     values = as_float(values).to(rewards.dtype)
@@ -385,6 +387,9 @@ def bi_level_gae(
     * rewards on non-end tokens (e.g. a per-token KL penalty) enter only the token level; put
       turn rewards on the end token. The same `lam` is used at both levels, as in RAGEN.
     * with step_end == mask (every token its own turn), this is `gae` with gamma = high_level_gamma.
+    * both levels run per ROW (a row's last valid token ends a turn): on one-row-per-step
+      layouts the adapter `estimators.bi_level_gae` joins each trajectory's rows first
+      (`AdvantageInputs.trajectory_tokens`), so turn ends carry across rows.
     """
     rewards = as_float(token_rewards)
     values = as_float(values).to(rewards.dtype)

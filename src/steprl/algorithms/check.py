@@ -11,6 +11,11 @@ one row per trajectory and as one row per step (the two layouts the context rule
 - ``finite``: no NaN or inf anywhere, in either layout;
 - ``masked``: advantages and returns are exactly 0 off the mask (prompt, observation, padding);
 - ``pure``: the inputs are not modified and a second call gives the same output;
+- ``layouts``: the two layouts of the same rollouts (and the same critic values on the same
+  action tokens) give the same advantages and returns at every action token: a recursion over
+  a trajectory (a return, GAE) must run over its action tokens in order, whichever rows hold them
+  (`AdvantageInputs.trajectory_tokens`); restarted at every step row, a step's last token would
+  not see the later steps;
 - ``ordered``: of two rollouts of one group with the same shape, the one with the higher
   reward gets the higher mean advantage (a critic, if read, values every state alike);
 - ``no_signal`` (estimators without a critic): a batch in which every rollout got the same
@@ -102,8 +107,9 @@ def synthetic_inputs(
 
     Rows are whole trajectories (prompt, then each step's action tokens, an observation between
     steps) or, with `step_rows`, one row per step (its context, then its action). `values`:
-    "" (no critic), "const" (every state 0.5), "random" (seeded, on the action tokens), or
-    "random+garbage" (the same, plus large values off the mask).
+    "" (no critic), "const" (every state 0.5), "random" (seeded, on the action tokens; each
+    token gets the same value in both layouts), or "random+garbage" (the same, plus large
+    values off the mask).
     """
     step_traj: list[int] = []
     step_index: list[int] = []
@@ -140,7 +146,10 @@ def synthetic_inputs(
     if values == "const":
         critic = 0.5 * mask
     elif values.startswith("random"):
-        critic = torch.rand(mask.shape, generator=torch.Generator().manual_seed(7)) * mask
+        # drawn in the order of the action tokens, which is the same in both layouts (rows go
+        # trajectory by trajectory, step by step), so a token's value does not depend on its row
+        critic = torch.zeros(mask.shape)
+        critic[mask != 0] = torch.rand(int(mask.sum()), generator=torch.Generator().manual_seed(7))
         if values.endswith("+garbage"):
             critic = critic + 1e3 * (1 - mask)
     return AdvantageInputs(
@@ -224,6 +233,12 @@ def _mean_on(out: AdvantageOutput, x: AdvantageInputs, traj: int) -> float:
     return float(out.advantages[rows].sum() / x.mask[rows].sum())
 
 
+def _on_trajectories(x: AdvantageInputs, out: AdvantageOutput) -> Tensor:
+    """(2, N, width): advantages and returns at each trajectory's action tokens, in order."""
+    tokens = x.trajectory_tokens
+    return torch.stack([tokens.to_table(out.advantages), tokens.to_table(out.returns)])
+
+
 def check_advantage(name: str, params: Mapping[str, Any] | None = None) -> AdvantageCheckReport:
     """Raise `AlgorithmCheckError` unless `ADVANTAGES[name]` (called with `params`, default none)
     keeps the contract in the module docstring; return what ran and what was measured."""
@@ -235,8 +250,21 @@ def check_advantage(name: str, params: Mapping[str, Any] | None = None) -> Advan
     needs_critic = bool(ADVANTAGE_NEEDS_CRITIC.get(name))
     critic = "random" if needs_critic else ""
     ran = ["shapes", "finite", "masked", "pure"]
+    on_layouts = []
     for step_rows in (False, True):
-        _call_advantage(name, fn, synthetic_inputs(varied_rollouts(), step_rows=step_rows, values=critic), kw)
+        x = synthetic_inputs(varied_rollouts(), step_rows=step_rows, values=critic)
+        on_layouts.append(_on_trajectories(x, _call_advantage(name, fn, x, kw)))
+    packed, per_step = on_layouts
+    if not torch.allclose(packed, per_step, rtol=1e-4, atol=1e-5):
+        worst = float((packed - per_step).abs().max())
+        _fail(
+            "layouts",
+            name,
+            f"one row per trajectory and one row per step of the same rollouts differ by up to {worst:.3g}"
+            " at the action tokens: run recursions over inputs.trajectory_tokens, not per row",
+        )
+    ran.append("layouts")
+    for step_rows in (False, True):
         x = synthetic_inputs(varied_rollouts(), step_rows=step_rows, values="const" if needs_critic else "")
         out = _call_advantage(name, fn, x, kw)
         hi, lo = _mean_on(out, x, 4), _mean_on(out, x, 5)

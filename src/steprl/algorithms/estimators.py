@@ -79,30 +79,60 @@ def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0) -> AdvantageOutput:
 
 
 def reinforce_pp_baseline(x: AdvantageInputs) -> AdvantageOutput:
-    rewards_per_row = x.rewards[x.row_traj]
-    groups_per_row = x.group_index[x.row_traj]
-    a = adv.reinforce_pp_baseline(rewards_per_row, groups_per_row, x.mask)
+    """`advantages.reinforce_pp_baseline` with one entry per trajectory in its group's mean (per
+    row, a trajectory of k step rows would count k times), whitened over the action tokens."""
+    tokens = x.trajectory_tokens
+    table = adv.reinforce_pp_baseline(x.rewards, x.group_index, tokens.table_mask())
+    a = tokens.to_rows(table, tuple(x.mask.shape))
     return AdvantageOutput(a, a)
 
 
 def gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0) -> AdvantageOutput:
-    a, ret = adv.gae(x.token_rewards, _need_values(x, "gae"), x.mask, gamma=gamma, lam=lam)
-    return AdvantageOutput(a, ret)
+    """`advantages.gae` over each trajectory's action tokens in order (`trajectory_tokens`): on
+    one-row-per-step layouts a step's last token bootstraps from the next step's value and its
+    GAE carries the later steps' (restarting at every row, it would not), so a token gets the
+    same advantage in either layout. On one row per trajectory this is the row recursion."""
+    values = _need_values(x, "gae")
+    tokens = x.trajectory_tokens
+    raw, _ = adv.gae(
+        tokens.to_table(x.token_rewards),
+        tokens.to_table(values),
+        tokens.table_mask(),
+        gamma=gamma,
+        lam=lam,
+        whiten=False,
+    )
+    return _whitened_with_returns(x, tokens.to_rows(raw, tuple(x.mask.shape)), values)
 
 
 def bi_level_gae(
     x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0, high_level_gamma: float = 0.95
 ) -> AdvantageOutput:
-    a, ret = adv.bi_level_gae(
-        x.token_rewards,
-        _need_values(x, "bi_level_gae"),
-        x.mask,
-        x.step_end,
+    """`advantages.bi_level_gae` over each trajectory's action tokens in order, as `gae`: the
+    turn-level recursion runs over the turn ends (each step's last action token, `step_end`) of
+    the whole trajectory, and the trajectory's last action token ends a turn, not each row's."""
+    values = _need_values(x, "bi_level_gae")
+    tokens = x.trajectory_tokens
+    raw, _ = adv.bi_level_gae(
+        tokens.to_table(x.token_rewards),
+        tokens.to_table(values),
+        tokens.table_mask(),
+        tokens.to_table(x.step_end),
         gamma=gamma,
         lam=lam,
         high_level_gamma=high_level_gamma,
+        whiten=False,
     )
-    return AdvantageOutput(a, ret)
+    return _whitened_with_returns(x, tokens.to_rows(raw, tuple(x.mask.shape)), values)
+
+
+def _whitened_with_returns(x: AdvantageInputs, raw: Tensor, values: Tensor) -> AdvantageOutput:
+    """(B, T) raw GAE on the action tokens -> whitened advantages and returns = raw + V, as
+    `advantages.gae` finishes them (whitened over the rows, so the order of the sum is the
+    rows', and one row per trajectory gives the same bits as the row recursion)."""
+    valid = x.mask != 0
+    returns = torch.where(valid, raw + adv.as_float(values).to(raw.dtype), torch.zeros_like(raw))
+    return AdvantageOutput(adv.masked_whiten(raw, valid), returns)
 
 
 def step_gae(x: AdvantageInputs, *, gamma: float = 1.0, lam: float = 1.0) -> AdvantageOutput:
