@@ -286,6 +286,20 @@ def check_template_cmd(
         raise typer.Exit(1)
 
 
+@app.command("show")
+def show_cmd(
+    run: Path = typer.Argument(..., help="A run directory (runs/<name>)."),
+    step: int | None = typer.Option(None, help="The step (with --eval: the evaluation's); default: last."),
+    task: str | None = typer.Option(None, help="This task's episodes turn by turn (else a summary)."),
+    eval_: bool = typer.Option(False, "--eval", help="The held-out evaluations' episodes instead."),
+) -> None:
+    """A step's saved episodes in the terminal: a summary, or one task's episodes turn by turn,
+    the model's tokens coloured by advantage and the masked prompt and observations dimmed."""
+    from steprl.diagnostics.show import show_run
+
+    show_run(run, step=step, task=task, evaluated=eval_, console=console)
+
+
 # `steprl serve-env`: the env server. Defined in steprl.hosting.command so that LocalEnvServer can
 # start it as `python -m steprl.hosting` without importing torch.
 app.command("serve-env")(serve_env)

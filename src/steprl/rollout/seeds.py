@@ -38,10 +38,13 @@ def group_id(stream_seed: int, task_index: int) -> str:
     return f"{stream_seed}-{task_index}"
 
 
-def eval_stream_seed(run_seed: int, step: int) -> int:
-    """Seed of the evaluation after `step` RL steps (0 = the warm start): a fixed task set,
-    new samples at every evaluation, the same after a resume."""
-    return 777 + step + 1_000_000 * run_seed
+def eval_stream_seed(run_seed: int) -> int:
+    """Seed of every held-out evaluation of a run (the warm start's, each one during training,
+    `steprl eval`): the same tasks with the same per-task seeds each time, so a task's episodes
+    at two evaluations differ only by the policy (a paired comparison: the learning diff of the
+    report sets them side by side, and a change in held-out success is not sampling noise).
+    The warm start's seed of older runs; their later evaluations drew new samples each time."""
+    return 777 + 1_000_000 * run_seed
 
 
 def eval_task_seed(run_seed: int) -> int:

@@ -1,9 +1,14 @@
 """Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`): the env, tasks, backend,
 prompt format and engine settings come from the checkpoint's config, as in training
-(`training/build.py`)."""
+(`training/build.py`), and so does the seed: the held-out tasks get the per-task seeds of the
+run's own evaluations. The episodes are saved (`logging.save_trajectories`) to
+`<run_dir>/eval_cli/step_NNNNNN.parquet` (NNNNNN: the checkpoint's step; an evaluation of the same
+checkpoint again replaces it), apart from the run's `eval_trajectories/`, whose task count and
+temperature are the config's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -11,6 +16,8 @@ import transformers
 from transformers import AutoTokenizer
 
 from steprl.config import Config
+from steprl.diagnostics import TrajectoryWriter
+from steprl.diagnostics.sinks import write_failed
 from steprl.rollout import seeds
 from steprl.rollout.engines.base import SamplingParams
 from steprl.training import env_setup
@@ -20,7 +27,9 @@ from steprl.training.evaluate import evaluate
 from steprl.training.rollout_parts import engine_for
 
 
-def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperature: float) -> dict[str, float]:
+def evaluate_checkpoint(
+    checkpoint: Path, cfg: Config, *, tasks: int, temperature: float, log: Callable[[str], None] = print
+) -> dict[str, float]:
     transformers.utils.logging.disable_progress_bar()
     model = load_checkpoint_model(checkpoint, dtype=torch.float32)  # LoRA: the base, adapters merged
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -29,5 +38,23 @@ def evaluate_checkpoint(checkpoint: Path, cfg: Config, *, tasks: int, temperatur
     with env_setup.env_pool(cfg) as envs:
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature))
         held_out = eval_tasks(cfg, env_setup.run_envs(cfg), tasks)
-        metrics, _ = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed, 0))
+        metrics, episodes = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed))
+    if cfg.logging.save_trajectories:
+        directory = episodes_dir(checkpoint)
+        number = checkpoint.name.removeprefix("step_")
+        step = int(number) if number.isdigit() else 0  # a checkpoint the user renamed
+        try:
+            writer = TrajectoryWriter(directory, decode=fmt.decode)
+        except OSError as exc:  # not writable: one line, as for a training run's outputs
+            raise write_failed(f"the episodes of {checkpoint.name}", directory, exc) from exc
+        with writer:
+            writer.write(step, episodes)
+        log(f"episodes: {directory / f'step_{step:06d}.parquet'}")
     return metrics
+
+
+def episodes_dir(checkpoint: Path) -> Path:
+    """Where `steprl eval` saves a checkpoint's episodes: `eval_cli/` of its run directory (a
+    checkpoint outside one: beside it; never inside it, which its manifest covers)."""
+    parent = checkpoint.parent
+    return (parent.parent if parent.name == "checkpoints" else parent) / "eval_cli"

@@ -61,10 +61,13 @@ from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.run_sinks import open_sinks
+from steprl.training.saved_advantages import Advantages, saved_advantages
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
 from steprl.types import Trajectory
+
+EVAL_TRAJECTORIES = "eval_trajectories"  # <run_dir>/eval_trajectories/step_NNNNNN.parquet
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,15 @@ def _train(
         if cfg.logging.save_trajectories
         else None
     )
+    # the held-out episodes of every evaluation, beside the training ones (same columns; the
+    # files of evaluations a resume redoes go, as the training ones do)
+    if resume_from is not None:
+        resume.repair_trajectories(run_dir / EVAL_TRAJECTORIES, state.step, log)
+    eval_writer = (
+        cleanup.enter_context(TrajectoryWriter(run_dir / EVAL_TRAJECTORIES, decode=parts.fmt.decode))
+        if cfg.logging.save_trajectories
+        else None
+    )
     for key, value in cfg.derived().items():
         log(f"  {key}: {value}")
 
@@ -141,24 +153,27 @@ def _train(
 
     first_failures = FirstFailures(log)
 
-    def run_eval(step: int) -> tuple[dict[str, float], dict[str, float]]:
-        """eval/* metrics, and how long the evaluation took (a hung env call ends at its deadline)."""
-        seed = seeds.eval_stream_seed(cfg.run.seed, step)
+    def run_eval(step: int) -> tuple[dict[str, float], dict[str, float], list[Trajectory]]:
+        """eval/* metrics, how long the evaluation took (a hung env call ends at its deadline),
+        and the episodes. Every evaluation runs the same tasks with the same seeds."""
+        seed = seeds.eval_stream_seed(cfg.run.seed)
         started = time.perf_counter()
         with stop.interruptible():
             metrics, trajectories = evaluate(
                 parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run, per_env=parts.envs.several
             )
         first_failures(trajectories, f"evaluation at step {step}")
-        return metrics, {"time/eval_s": time.perf_counter() - started}
+        return metrics, {"time/eval_s": time.perf_counter() - started}, trajectories
 
     if state.step == 0:
-        warm, took = run_eval(0)
+        warm, took, warm_episodes = run_eval(0)
         log(
             f"warm start: {describe_eval(warm)} "
             f"({len(parts.eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
         )
-        _write_outputs(run_dir, 0, warm | took, [], metrics_sink, None)
+        _write_outputs(
+            run_dir, 0, warm | took, [], metrics_sink, None, evaluated=(warm_episodes, eval_writer)
+        )
     warm, last_eval = _evals_so_far(run_dir / "metrics.jsonl", state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
@@ -168,7 +183,7 @@ def _train(
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
         while state.step < cfg.trainer.total_steps and not stop.signal:
             try:
-                state, metrics, trajectories = run_step(
+                state, metrics, trajectories, advantages = run_step(
                     cfg, parts, pipeline, state, settings, shuffle_rng, log, waiting=stop.interruptible
                 )
             except StopRequested:  # while rollouts ran: their tasks run again on resume
@@ -178,11 +193,21 @@ def _train(
             step = state.step
             first_failures(trajectories, f"step {step}")
             every = cfg.trainer.eval_every
+            evaluated: list[Trajectory] | None = None
             if step == cfg.trainer.total_steps or (every and step % every == 0):
                 with contextlib.suppress(StopRequested):  # the step is kept, its evaluation not
-                    last_eval, took = run_eval(step)
+                    last_eval, took, evaluated = run_eval(step)
                     metrics.update(last_eval | took)
-            _write_outputs(run_dir, step, metrics, trajectories, metrics_sink, traj_writer)
+            _write_outputs(
+                run_dir,
+                step,
+                metrics,
+                trajectories,
+                metrics_sink,
+                traj_writer,
+                advantages=advantages,
+                evaluated=(evaluated, eval_writer) if evaluated is not None else None,
+            )
             history.append(metrics)
             progress.update(step, metrics)
             # the one place a step's results change the next ones: the controllers' adjustments
@@ -248,9 +273,10 @@ def run_step(
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
-) -> tuple[TrainState, dict[str, float], list[Trajectory]]:
+) -> tuple[TrainState, dict[str, float], list[Trajectory], list[Advantages | None]]:
     """One RL step: take and filter groups, make the batch (with the controllers' `settings`),
-    update, publish the weights.
+    update, publish the weights. Returns the new state, the step's metrics, its rollouts and,
+    parallel to them, the advantages each was trained with (None: not trained on).
     `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
     t0 = time.perf_counter()
     step = state.step + 1
@@ -305,7 +331,8 @@ def run_step(
     flow = pipeline.take_metrics(cfg.trainer.epochs * cfg.trainer.mini_batches)
     flow["time/learner_idle_share"] = t_rollout / max(t_step, 1e-9)
     metrics = step_metrics(collected, batch, stats, version, per_env=parts.envs.several)
-    return state, metrics | times | flow, collected.rollouts
+    advantages = saved_advantages(collected.rollouts, batch)
+    return state, metrics | times | flow, collected.rollouts, advantages
 
 
 def step_metrics(
@@ -356,14 +383,20 @@ def _write_outputs(
     trajectories: list[Trajectory],
     sink: MetricsSink,
     writer: TrajectoryWriter | None,
+    *,
+    advantages: list[Advantages | None] | None = None,
+    evaluated: tuple[list[Trajectory], TrajectoryWriter | None] | None = None,
 ) -> None:
-    """The step's trajectories, then its metrics row (a row never stands for lost trajectories).
-    A write the disk refuses stops the run before this step is checkpointed, so a resume runs
-    it again and writes both."""
+    """The step's held-out episodes (`evaluated`: its evaluation's, and their writer) and
+    trajectories (with `advantages`, parallel to them), then its metrics row (a row never
+    stands for lost trajectories). A write the disk refuses stops the run before this step is
+    checkpointed, so a resume runs it again and writes them all."""
     try:
+        if evaluated is not None and evaluated[1] is not None:
+            evaluated[1].write(step, evaluated[0])
         if writer is not None:
-            writer.write(step, trajectories)
-        log_episodes(sink, step, trajectories)  # TensorBoard's, W&B's samples
+            writer.write(step, trajectories, advantages)
+        log_episodes(sink, step, trajectories, advantages)  # TensorBoard's, W&B's samples
         sink.log(step, metrics)
     except OutputWriteError as err:
         last = resume.latest_checkpoint(run_dir)
