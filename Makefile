@@ -29,6 +29,10 @@ $(STAMP): pyproject.toml Makefile
 	@command -v bwrap >/dev/null 2>&1 || apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
 	  echo "WARNING: bubblewrap (bwrap) is not installed; sandbox tests will skip with that reason"
+	@# headless Chromium renders the run report in its browser test (tests/report/); Debian package, apt as root.
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
+	  echo "WARNING: chromium is not installed; the report's browser test will skip with that reason"
 	@# mcp-server-sqlite (the stateful server of the mcp tests) pins mcp 1.x, so it gets a venv of its own.
 	@test -x .venv-mcp-sqlite/bin/mcp-server-sqlite || \
 	  { $(PY) -m venv .venv-mcp-sqlite && \

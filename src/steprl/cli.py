@@ -305,6 +305,26 @@ def show_cmd(
 app.command("serve-env")(serve_env)
 
 
+@app.command("report")
+def report_cmd(
+    run: Path = typer.Argument(..., help="A run directory (runs/<name>)."),
+    vs: list[Path] = typer.Option([], "--vs", help="Another run to compare with (repeatable)."),
+    out: Path | None = typer.Option(None, "-o", "--out", help="The HTML file (default: RUN/report.html)."),
+) -> None:
+    """One self-contained HTML file (opens offline): config (and its diff with --vs), curves, the
+    saved episodes with tokens coloured by advantage, and the learning diff of a held-out task."""
+    from steprl.report import write_report
+
+    for d in (run, *vs):
+        if not (d / "metrics.jsonl").exists() and not (d / "config.yaml").exists():
+            why = f"{d} is not a run directory (no metrics.jsonl or config.yaml); give runs/<name>"
+            console.print(why, style="red", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+    written = write_report(run, out, vs=vs)
+    size = f"{written.bytes / 2**20:.1f} MiB, {written.episodes} episodes"
+    console.print(f"report: {written.path} ({size})", markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command("export")
 def export_cmd(
     run: Path = typer.Argument(..., help="A run directory (runs/<name>)."),

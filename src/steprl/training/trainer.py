@@ -52,6 +52,7 @@ from steprl.diagnostics.sinks import (
 )
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
+from steprl.report import write_report
 from steprl.rollout import seeds
 from steprl.training import env_setup, resume
 from steprl.training.build import Parts, build, eval_setup
@@ -228,6 +229,10 @@ def _train(
         plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png")
     except OSError as exc:  # everything else is saved: a missing picture is no reason to fail
         log(f"WARNING: the learning curve was not written ({exc})")
+    try:  # a view of what is saved: a report that fails costs the run nothing
+        log(f"report: {write_report(run_dir, decode=parts.policy.tokenizer.decode).path}")
+    except Exception as exc:
+        log(f"WARNING: no report written ({type(exc).__name__}: {exc}); try: steprl report {run_dir}")
     if stop.signal:
         raise RunInterrupted(
             f"interrupted ({stop.signal}) at step {state.step}; checkpoint and outputs saved in {run_dir}; "

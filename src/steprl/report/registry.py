@@ -1,0 +1,62 @@
+"""The report's sections, in page order: one visible dict. A feature adds its section as one new
+module (a function `RunData -> JSON-able data`) plus one entry here; `check_section` (run by the
+tests over every entry) proves it builds from an empty run without raising and that its data is
+JSON. A section draws with a renderer the page's script defines (`RENDERERS`), or with its own:
+`script` is JavaScript that sets `RENDERERS["<name>"] = (el, data, page) => {...}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from steprl.report import config_section, curves, episodes, learning_diff, placeholders
+from steprl.report.run_data import RunData, empty_run
+
+#: the renderers the page's own script defines (report/script.py)
+RENDERERS = ("config", "curves", "episodes", "learning_diff", "table")
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    title: str
+    build: Callable[[RunData], Any]  # the section's data: JSON-able (dicts, lists, str, finite numbers)
+    renderer: str  # a name in RENDERERS, or the one `script` defines
+    script: str = ""  # JavaScript defining `renderer`, for a section that brings its own
+
+
+SECTIONS: dict[str, SectionSpec] = {
+    "config": SectionSpec("Config", config_section.build, "config"),
+    "curves": SectionSpec("Curves", curves.build, "curves"),
+    "learning_diff": SectionSpec("Learning diff", learning_diff.build, "learning_diff"),
+    "episodes": SectionSpec("Episodes", episodes.build, "episodes"),
+    "alarms": SectionSpec("Alarms and interventions", placeholders.nothing_yet, "table"),
+    "curriculum": SectionSpec("Curriculum stages", placeholders.nothing_yet, "table"),
+    "env_weights": SectionSpec("Per-env weights", placeholders.nothing_yet, "table"),
+}
+
+
+def section_data(name: str, spec: SectionSpec, run: RunData) -> Any:
+    """`spec.build(run)`, checked to be JSON (NaN and infinities are not), errors naming the section."""
+    data = spec.build(run)
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"report section {name!r} returned data that is not JSON ({exc}); return dicts, lists, "
+            "strings and finite numbers"
+        ) from exc
+    return data
+
+
+def check_section(name: str, spec: SectionSpec, run: RunData | None = None) -> None:
+    """Raise unless `spec` builds JSON from `run` (default: an empty run) and names a renderer
+    the page has."""
+    if spec.renderer not in RENDERERS and f'RENDERERS["{spec.renderer}"]' not in spec.script:
+        raise ValueError(
+            f"report section {name!r}: renderer {spec.renderer!r} is not one of {RENDERERS}; "
+            f'define it in the spec\'s script as RENDERERS["{spec.renderer}"] = (el, data, page) => ...'
+        )
+    section_data(name, spec, run if run is not None else empty_run())

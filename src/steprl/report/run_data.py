@@ -1,0 +1,212 @@
+"""What a report reads from a run directory, loaded once: the config, the metrics rows, the saved
+train and held-out episodes, and the run's tokenizer (for the text of each token).
+
+`RunData` is what every section's function receives; `vs` holds the runs it is compared with
+(`steprl report RUN --vs RUN2`), each a `RunData` of its own with no `vs`. Nothing here renders.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from steprl.diagnostics.sinks import TRAJECTORY_SCHEMA, read_metrics_jsonl, read_trajectories
+
+
+@dataclass(frozen=True)
+class Caps:
+    """How much of a run a report embeds, so that a long run's page stays small (< 10 MB) and
+    quick to build: whole groups of train episodes per step (a group's advantages are relative to
+    each other, so a group is shown whole), and held-out episodes per evaluation."""
+
+    train_groups_per_step: int = 2
+    eval_per_evaluation: int = 200
+    diff_pairs: int = 12  # held-out tasks offered in the learning diff
+
+
+class TokenText:
+    """The text of each token id, decoded once per id (`decode([id])`) and kept in one table, so
+    the page stores each distinct token's text once and episodes as lists of ids."""
+
+    def __init__(self, decode: Callable[[list[int]], str] | None, note: str = "") -> None:
+        self._decode = decode
+        self.note = note  # why tokens show as ids (no tokenizer), else ""
+        self._texts: dict[int, str] = {}
+
+    def use(self, ids: Sequence[int]) -> list[int]:
+        """Record `ids` for the page's token table; returns them as a plain list."""
+        out = [int(i) for i in ids]
+        for i in out:
+            if i not in self._texts:
+                self._texts[i] = self._text(i)
+        return out
+
+    def _text(self, token_id: int) -> str:
+        if self._decode is None:
+            return f"\u27e8{token_id}\u27e9"
+        try:
+            return self._decode([token_id])
+        except Exception:  # an id the tokenizer does not know (a corrupt row): show the id
+            return f"\u27e8{token_id}\u27e9"
+
+    def table(self) -> dict[str, str]:
+        """{id: text} of every id used so far (JSON object keys are strings)."""
+        return {str(i): t for i, t in sorted(self._texts.items())}
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run as a report sees it. Tables have `TRAJECTORY_SCHEMA`'s columns (empty when the run
+    saved none); `metrics` holds the rows of metrics.jsonl in order."""
+
+    path: Path
+    label: str
+    config: Mapping[str, Any]
+    metrics: tuple[Mapping[str, Any], ...]
+    train: pa.Table
+    evals: pa.Table
+    tokens: TokenText
+    caps: Caps = Caps()
+    vs: tuple[RunData, ...] = ()
+    notes: tuple[str, ...] = field(default=())  # what could not be read, shown on the page
+
+
+def empty_run(label: str = "empty", config: Mapping[str, Any] | None = None) -> RunData:
+    """A run with nothing recorded: what every section must render without raising."""
+    none = TRAJECTORY_SCHEMA.empty_table()
+    return RunData(Path("."), label, dict(config or {}), (), none, none, TokenText(None))
+
+
+def load_run(
+    run_dir: str | Path,
+    *,
+    decode: Callable[[list[int]], str] | None = None,
+    caps: Caps = Caps(),
+    vs: Sequence[RunData] = (),
+) -> RunData:
+    """Read `run_dir`. `decode` (ids -> text): the run's tokenizer's, when the caller holds it (the
+    trainer); else it is loaded from the config (`load_decoder`)."""
+    path = Path(run_dir)
+    if not (path / "metrics.jsonl").exists() and not (path / "config.yaml").exists():
+        raise FileNotFoundError(
+            f"{path} is not a run directory (no metrics.jsonl or config.yaml); "
+            "give the directory a run wrote, e.g. runs/calculator_tiny"
+        )
+    notes: list[str] = []
+    config: dict[str, Any] = {}
+    if (path / "config.yaml").exists():
+        loaded = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        config = loaded if isinstance(loaded, dict) else {}
+    metrics: list[dict[str, Any]] = []
+    if (path / "metrics.jsonl").exists():
+        metrics = read_metrics_jsonl(path / "metrics.jsonl", skip_bad=notes.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train = _episodes(path / "trajectories")
+        evals = _episodes(path / "eval_trajectories")
+    notes.extend(str(w.message) for w in caught)
+    if decode is None:
+        decode, note = load_decoder(path, config)
+        if note:
+            notes.append(note)
+    tokens = TokenText(decode, note="" if decode else "no tokenizer: tokens shown as ids")
+    label = str((config.get("run") or {}).get("name") or path.name)
+    return RunData(path, label, config, tuple(metrics), train, evals, tokens, caps, tuple(vs), tuple(notes))
+
+
+def _episodes(directory: Path) -> pa.Table:
+    if not directory.is_dir():
+        return TRAJECTORY_SCHEMA.empty_table()
+    return read_trajectories(directory)
+
+
+def load_decoder(run_dir: Path, config: Mapping[str, Any]) -> tuple[Callable[[list[int]], str] | None, str]:
+    """The run's tokenizer's `decode`, and a note when there is none. First the tokenizer.json the
+    last checkpoint holds, read with `tokenizers` alone (importing transformers costs seconds,
+    longer than building the whole report); else the embedded tiny tokenizer (model.name=tiny);
+    else transformers' loader over the checkpoint (a tokenizer without tokenizer.json)."""
+    latest = run_dir / "checkpoints" / "latest"
+    if (latest / "tokenizer.json").exists():
+        try:
+            from tokenizers import Tokenizer
+
+            fast = Tokenizer.from_file(str(latest / "tokenizer.json"))
+            return (lambda ids: fast.decode(ids, skip_special_tokens=False)), ""
+        except Exception:  # an unreadable file: the loaders below
+            pass
+    if str((config.get("model") or {}).get("name") or "tiny") == "tiny":
+        from steprl.models.tiny import build_tokenizer
+
+        tiny = build_tokenizer()
+        return (lambda ids: str(tiny.decode(ids))), ""
+    try:
+        from transformers import AutoTokenizer
+
+        auto = AutoTokenizer.from_pretrained(str(latest), local_files_only=True)
+        return (lambda ids: str(auto.decode(ids))), ""
+    except Exception as exc:  # a run without a checkpoint: the page shows token ids
+        return None, f"no tokenizer in {latest} ({type(exc).__name__}); tokens are shown as ids"
+
+
+def is_success(row: Mapping[str, Any]) -> bool:
+    """An episode row's success, as `diagnostics.metrics.is_success` decides it for a Trajectory:
+    the env's verdict (info["success"]) when given, else the full reward (>= 1)."""
+    try:
+        info = json.loads(row.get("info_json") or "{}")
+    except json.JSONDecodeError:
+        info = {}
+    if isinstance(info, dict) and "success" in info:
+        return bool(info["success"])
+    return float(row.get("outcome_reward") or 0.0) >= 1.0
+
+
+def encode_episode(row: Mapping[str, Any], kind: str, tokens: TokenText) -> dict[str, Any]:
+    """One Parquet row as the page's compact episode: ids (text in the token table), advantages
+    rounded to 3 digits, and per turn the reward, its components and the policy version."""
+    actions = row.get("action_ids") or []
+    advantages = row.get("advantages")
+    turns = []
+    for k, action in enumerate(actions):
+        adv = advantages[k] if advantages is not None and k < len(advantages) else None
+        infos = row.get("step_info_json") or []
+        turns.append(
+            {
+                "a": tokens.use(action),
+                "adv": None if adv is None else [round(float(a), 3) for a in adv],
+                "o": tokens.use(_at(row.get("observation_ids"), k, [])),
+                "r": round(float(_at(row.get("rewards"), k, 0.0)), 4),
+                "v": int(_at(row.get("policy_versions"), k, 0)),
+                "info": _json_object(infos[k] if k < len(infos) else "{}"),
+            }
+        )
+    return {
+        "kind": kind,
+        "step": int(row.get("step") or 0),
+        "task": str(row.get("task_id") or ""),
+        "group": str(row.get("group_id") or ""),
+        "env": str(row.get("env") or ""),
+        "end": str(row.get("end") or ""),
+        "reward": round(float(row.get("outcome_reward") or 0.0), 4),
+        "success": is_success(row),
+        "prompt": tokens.use(row.get("prompt_ids") or []),
+        "turns": turns,
+    }
+
+
+def _at(values: Sequence[Any] | None, k: int, default: Any) -> Any:
+    return values[k] if values is not None and k < len(values) and values[k] is not None else default
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return {"raw": str(text)}
+    return value if isinstance(value, dict) else {"value": value}

@@ -1,0 +1,79 @@
+"""A small fixed run directory for the report's tests, written with the real writers: two train
+steps (one group of two per step, advantages saved), held-out episodes at steps 0 and 2 (task
+eval-0 failed at the warm start and solved at the end), metrics.jsonl and config.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from steprl.diagnostics import JsonlSink, TrajectoryWriter
+from steprl.models.tiny import build_tokenizer
+from steprl.types import EndReason, Step, Trajectory
+
+TOK = build_tokenizer()
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(TOK.encode(text, add_special_tokens=False))
+
+
+def _episode(task: str, group: str, turns: list[tuple[str, str]], reward: float, version: int) -> Trajectory:
+    prompt = (TOK.bos_token_id, *_ids(task.split("-")[-1] + "+2\n"))
+    steps = []
+    for k, (action, obs) in enumerate(turns):
+        a = _ids(action)
+        last = k == len(turns) - 1
+        r = reward if last else 0.0
+        info = {"turn": k + 1, "reward_components": {"outcome": r, "cost": 0.0}}
+        steps.append(Step(prompt, a, tuple(-0.5 for _ in a), _ids(obs), r, version, info))
+    end = EndReason.ANSWERED if turns[-1][0].startswith("<answer>") else EndReason.TRUNCATED
+    return Trajectory(task, group, "calculator", tuple(steps), sum(s.reward for s in steps), end)
+
+
+SOLVED = [("<calc>1+2</calc>", "<result>3</result>"), ("<answer>3</answer>", "")]
+GUESSED = [("<answer>7</answer>", "")]
+CONFIG = {
+    "run": {"name": "fixture", "seed": 0},
+    "model": {"name": "tiny", "init": "sft", "format": "auto"},
+    "env": {"name": "calculator", "params": {}},
+    "algorithm": {"advantage": "grpo", "policy_loss": "ppo_clip"},
+    "trainer": {"total_steps": 2, "lr": 0.0001, "eval_every": 2},
+}
+
+
+def _advantages(t: Trajectory, a: float) -> list[list[float]]:
+    return [[a] * len(s.action_ids) for s in t.steps]
+
+
+def make_run(root: Path, name: str = "fixture", **config_changes: dict) -> Path:
+    """Write the fixture run under `root / name`; `config_changes` replace config sections."""
+    run = root / name
+    run.mkdir(parents=True)
+    config = {**CONFIG, **config_changes, "run": {"name": name, "seed": 0}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    train = TrajectoryWriter(run / "trajectories")
+    for step in (1, 2):
+        good = _episode(f"train-{step}", f"{step}-0", SOLVED, 1.0, step - 1)
+        bad = _episode(f"train-{step}", f"{step}-0", GUESSED, 0.0, step - 1)
+        train.write(step, [good, bad], advantages=[_advantages(good, 0.7), _advantages(bad, -0.7)])
+    evals = TrajectoryWriter(run / "eval_trajectories")
+    evals.write(0, [_episode("eval-0", "e0", GUESSED, 0.0, 0), _episode("eval-1", "e1", SOLVED, 1.0, 0)])
+    evals.write(2, [_episode("eval-0", "e0", SOLVED, 1.0, 2), _episode("eval-1", "e1", SOLVED, 1.0, 2)])
+    with JsonlSink(run / "metrics.jsonl") as sink:
+        sink.log(0, {"eval/success": 0.5, "eval/tool_call_rate": 0.5})
+        for step in (1, 2):
+            metrics = {
+                "reward/mean": 0.5,
+                "success/rate": 0.5,
+                "actor/entropy": 1.0 / step,
+                "actor/approx_kl": 0.01 * step,
+                "end_frac/answered": 0.5 + 0.25 * step,
+                "end_frac/truncated": 0.5 - 0.25 * step,
+                "env/calculator/success_rate": 0.5,
+            }
+            if step == 2:
+                metrics |= {"eval/success": 1.0, "eval/tool_call_rate": 1.0}
+            sink.log(step, metrics)
+    return run
