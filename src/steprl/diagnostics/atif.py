@@ -49,7 +49,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from steprl.diagnostics.sinks import _TEXT_FIELDS, TRAJECTORY_SCHEMA, read_trajectories, write_failed
+from steprl.diagnostics.sinks import (
+    TEXT_FIELDS,
+    TRAJECTORY_SCHEMA,
+    read_trajectories,
+    trajectory_row,
+    write_failed,
+)
 from steprl.errors import UserError
 from steprl.types import Trajectory
 
@@ -57,7 +63,7 @@ SCHEMA_VERSION = "ATIF-v1.7"
 #: the version of the layout above (the `extra.steprl` keys); bumped when it changes
 FORMAT = 1
 AGENT_NAME = "steprl"
-_TEXT_NAMES = tuple(name for name, _ in _TEXT_FIELDS)
+_TEXT_NAMES = tuple(name for name, _ in TEXT_FIELDS)
 _KNOWN = (*TRAJECTORY_SCHEMA.names, *_TEXT_NAMES)
 _NOTES = (
     "Exported by steprl: one agent step per turn; exact token ids in metrics (completion ids are "
@@ -71,45 +77,6 @@ class AtifImportError(UserError):
 
 
 # ---------------------------------------------------------------------------- row -> ATIF
-
-
-def trajectory_row(
-    trajectory: Trajectory,
-    step: int = 0,
-    advantages: Sequence[Sequence[float]] | None = None,
-    decode: Callable[[Sequence[int]], str] | None = None,
-) -> dict[str, Any]:
-    """A `Trajectory` as the row `TrajectoryWriter` writes for it (column -> value)."""
-    steps = trajectory.steps
-    row: dict[str, Any] = {
-        "step": int(step),
-        "task_id": trajectory.task_id,
-        "group_id": trajectory.group_id,
-        "env": trajectory.env,
-        "end": str(trajectory.end),
-        "outcome_reward": float(trajectory.outcome_reward),
-        "num_steps": len(steps),
-        "prompt_ids": list(steps[0].prompt_ids) if steps else [],
-        "action_ids": [list(s.action_ids) for s in steps],
-        "action_logprobs": [list(s.action_logprobs) for s in steps],
-        "observation_ids": [list(s.observation_ids) for s in steps],
-        "rewards": [float(s.reward) for s in steps],
-        "policy_versions": [int(s.policy_version) for s in steps],
-        "token_versions": [list(s.token_versions) for s in steps],
-        "info_json": _dumps_info(trajectory.info),
-        "step_info_json": [_dumps_info(s.info) for s in steps],
-        "advantages": None if advantages is None else [[float(a) for a in turn] for turn in advantages],
-    }
-    if decode is not None:
-        row["prompt_text"] = decode(row["prompt_ids"])
-        row["action_texts"] = [decode(s.action_ids) for s in steps]
-        row["observation_texts"] = [decode(s.observation_ids) for s in steps]
-    return row
-
-
-def _dumps_info(info: Mapping[str, Any]) -> str:
-    """As the writer stores an info (sorted keys, non-JSON values as str)."""
-    return json.dumps(dict(info), default=str, sort_keys=True)
 
 
 def _info_out(stored: str | None) -> dict[str, Any]:
@@ -326,7 +293,7 @@ def rows_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     columns, the text columns where any row has them, then any others (types inferred)."""
     fields = list(TRAJECTORY_SCHEMA)
     if any("prompt_text" in r for r in rows):
-        fields += [pa.field(name, typ) for name, typ in _TEXT_FIELDS]
+        fields += [pa.field(name, typ) for name, typ in TEXT_FIELDS]
     names = {f.name for f in fields}
     extra = [name for r in rows for name in r if name not in names]
     columns: dict[str, pa.Array] = {}

@@ -287,7 +287,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("advantages", pa.list_(pa.list_(pa.float32()))),
     ]
 )
-_TEXT_FIELDS = [
+TEXT_FIELDS = [
     ("prompt_text", pa.string()),
     ("action_texts", pa.list_(pa.string())),
     ("observation_texts", pa.list_(pa.string())),
@@ -296,6 +296,41 @@ _TEXT_FIELDS = [
 
 def _to_json(info: Mapping[str, Any]) -> str:
     return json.dumps(dict(info), default=str, sort_keys=True)
+
+
+def trajectory_row(
+    trajectory: Trajectory,
+    step: int = 0,
+    advantages: Sequence[Sequence[float]] | None = None,
+    decode: Callable[[Sequence[int]], str] | None = None,
+) -> dict[str, Any]:
+    """A `Trajectory` as the row `TrajectoryWriter` writes for it (column -> value); with
+    `decode`, the text columns too."""
+    steps = trajectory.steps
+    row: dict[str, Any] = {
+        "step": int(step),
+        "task_id": trajectory.task_id,
+        "group_id": trajectory.group_id,
+        "env": trajectory.env,
+        "end": str(trajectory.end),  # StrEnum: str() is the value
+        "outcome_reward": float(trajectory.outcome_reward),
+        "num_steps": len(steps),
+        "prompt_ids": list(steps[0].prompt_ids) if steps else [],  # the first step's prompt
+        "action_ids": [list(s.action_ids) for s in steps],
+        "action_logprobs": [list(s.action_logprobs) for s in steps],
+        "observation_ids": [list(s.observation_ids) for s in steps],
+        "rewards": [float(s.reward) for s in steps],
+        "policy_versions": [int(s.policy_version) for s in steps],
+        "token_versions": [list(s.token_versions) for s in steps],
+        "info_json": _to_json(trajectory.info),
+        "step_info_json": [_to_json(s.info) for s in steps],
+        "advantages": None if advantages is None else [[float(a) for a in turn] for turn in advantages],
+    }
+    if decode is not None:
+        row["prompt_text"] = decode(row["prompt_ids"])
+        row["action_texts"] = [decode(s.action_ids) for s in steps]
+        row["observation_texts"] = [decode(s.observation_ids) for s in steps]
+    return row
 
 
 class TrajectoryWriter(_ClosingContext):
@@ -317,7 +352,7 @@ class TrajectoryWriter(_ClosingContext):
         self.decode = decode
         schema = TRAJECTORY_SCHEMA
         if decode is not None:
-            for name, typ in _TEXT_FIELDS:
+            for name, typ in TEXT_FIELDS:
                 schema = schema.append(pa.field(name, typ))
         self.schema = schema
         self._closed = False
@@ -336,29 +371,9 @@ class TrajectoryWriter(_ClosingContext):
             raise RuntimeError(f"TrajectoryWriter({self.path}) is closed; open a new one to write more.")
         columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
         for k, t in enumerate(trajectories):
-            first_prompt = list(t.steps[0].prompt_ids) if t.steps else []
-            columns["step"].append(int(step))
-            columns["task_id"].append(t.task_id)
-            columns["group_id"].append(t.group_id)
-            columns["env"].append(t.env)
-            columns["end"].append(str(t.end))  # StrEnum: str() is the value
-            columns["outcome_reward"].append(float(t.outcome_reward))
-            columns["num_steps"].append(len(t.steps))
-            columns["prompt_ids"].append(first_prompt)
-            columns["action_ids"].append([list(s.action_ids) for s in t.steps])
-            columns["action_logprobs"].append([list(s.action_logprobs) for s in t.steps])
-            columns["observation_ids"].append([list(s.observation_ids) for s in t.steps])
-            columns["rewards"].append([float(s.reward) for s in t.steps])
-            columns["policy_versions"].append([int(s.policy_version) for s in t.steps])
-            columns["token_versions"].append([list(s.token_versions) for s in t.steps])
-            columns["info_json"].append(_to_json(t.info))
-            columns["step_info_json"].append([_to_json(s.info) for s in t.steps])
-            adv = advantages[k] if advantages is not None else None
-            columns["advantages"].append(None if adv is None else [[float(a) for a in turn] for turn in adv])
-            if self.decode is not None:
-                columns["prompt_text"].append(self.decode(first_prompt))
-                columns["action_texts"].append([self.decode(s.action_ids) for s in t.steps])
-                columns["observation_texts"].append([self.decode(s.observation_ids) for s in t.steps])
+            row = trajectory_row(t, step, advantages[k] if advantages is not None else None, self.decode)
+            for name in self.schema.names:
+                columns[name].append(row[name])
         final = self.path / f"step_{int(step):06d}.parquet"
         tmp = self.path / f".{final.name}.tmp"
         table = pa.Table.from_pydict(columns, schema=self.schema)
