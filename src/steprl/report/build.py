@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from steprl.report import page, script
 from steprl.report.registry import SECTIONS, SectionSpec, section_data
-from steprl.report.run_data import Caps, RunData, load_run
+from steprl.report.run_data import Caps, RunData, load_run, run_label
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,23 @@ def render(data: Mapping[str, Any], sections: Mapping[str, SectionSpec] = SECTIO
     return page.html(str(data.get("title", "run")), blob, "\n".join([script.SCRIPT, *extra]))
 
 
+def _distinct(others: Sequence[RunData], main_dir: str | Path) -> list[RunData]:
+    """The compared runs, each labelled apart from the main run and the others (two runs of one
+    config share a name): a repeated label gets its directory's parent, then a number."""
+    main = run_label(Path(main_dir))
+    taken = {main}
+    out = []
+    for k, r in enumerate(others, start=2):
+        label = r.label
+        if label in taken:
+            label = f"{r.label} ({r.path.parent.name})"
+        if label in taken:
+            label = f"{r.label} #{k}"
+        taken.add(label)
+        out.append(replace(r, label=label))
+    return out
+
+
 def write_report(
     run_dir: str | Path,
     out: str | Path | None = None,
@@ -65,8 +82,8 @@ def write_report(
 ) -> Written:
     """Write the report of `run_dir` (compared with the runs `vs`) to `out` (default
     `<run_dir>/report.html`), atomically: a reader sees the old file or the new one."""
-    others = [load_run(v, caps=caps) for v in vs]
-    run = load_run(run_dir, decode=decode, caps=caps, vs=others)
+    others = [load_run(v, caps=caps, episodes=False) for v in vs]  # compared: config and curves
+    run = load_run(run_dir, decode=decode, caps=caps, vs=_distinct(others, run_dir))
     data = report_data(run)
     text = render(data)
     target = Path(out) if out is not None else run.path / "report.html"

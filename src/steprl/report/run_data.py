@@ -90,9 +90,11 @@ def load_run(
     decode: Callable[[list[int]], str] | None = None,
     caps: Caps = Caps(),
     vs: Sequence[RunData] = (),
+    episodes: bool = True,
 ) -> RunData:
     """Read `run_dir`. `decode` (ids -> text): the run's tokenizer's, when the caller holds it (the
-    trainer); else it is loaded from the config (`load_decoder`)."""
+    trainer); else it is loaded from the config (`load_decoder`). Without `episodes` (a run that
+    is only compared with: its config and curves) neither the episodes nor the tokenizer."""
     path = Path(run_dir)
     if not (path / "metrics.jsonl").exists() and not (path / "config.yaml").exists():
         raise FileNotFoundError(
@@ -109,16 +111,25 @@ def load_run(
         metrics = read_metrics_jsonl(path / "metrics.jsonl", skip_bad=notes.append)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        train = _episodes(path / "trajectories")
-        evals = _episodes(path / "eval_trajectories")
+        train = _episodes(path / "trajectories") if episodes else TRAJECTORY_SCHEMA.empty_table()
+        evals = _episodes(path / "eval_trajectories") if episodes else TRAJECTORY_SCHEMA.empty_table()
     notes.extend(str(w.message) for w in caught)
-    if decode is None:
+    if decode is None and episodes:
         decode, note = load_decoder(path, config)
         if note:
             notes.append(note)
-    tokens = TokenText(decode, note="" if decode else "no tokenizer: tokens shown as ids")
-    label = str((config.get("run") or {}).get("name") or path.name)
+    tokens = TokenText(decode, note="" if decode or not episodes else "no tokenizer: tokens shown as ids")
+    label = run_label(path, config)
     return RunData(path, label, config, tuple(metrics), train, evals, tokens, caps, tuple(vs), tuple(notes))
+
+
+def run_label(run_dir: Path, config: Mapping[str, Any] | None = None) -> str:
+    """A run's name on the page: run.name from its config, else its directory's name."""
+    if config is None:
+        path = run_dir / "config.yaml"
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+        config = loaded if isinstance(loaded, dict) else {}
+    return str((config.get("run") or {}).get("name") or run_dir.name)
 
 
 def _episodes(directory: Path) -> pa.Table:

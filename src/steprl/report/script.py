@@ -85,7 +85,8 @@ function chart(c, runs) {
     const pts = s.points.map(([x, y]) => `${px(x)},${py(y)}`).join(" ");
     svg.append(sv("polyline", {points: pts, fill: "none", stroke: color, "stroke-width": 1.6, "stroke-dasharray": DASHES[run % DASHES.length]}));
     if (s.points.length <= 24) for (const [x, y] of s.points) svg.append(sv("circle", {cx: px(x), cy: py(y), r: 2.5, fill: color}));
-    legend.append(el("span", {}, el("i", {style: `background:${color}`}), s.label));
+    const swatch = run === 0 ? color : `repeating-linear-gradient(90deg, ${color} 0 ${run + 3}px, transparent ${run + 3}px ${run + 6}px)`;
+    legend.append(el("span", {}, el("i", {style: `background:${swatch}`}), s.label));
   });
   return el("div", {class: "chart"}, el("h3", {}, c.title), svg, legend);
 }
@@ -121,7 +122,7 @@ function advScale(ep) {
 function badge(ok, yes, no) { return el("span", {class: "badge " + (ok ? "ok" : "bad")}, ok ? yes : no); }
 function turnView(t, k, scale, marked) {
   const comps = t.info && t.info.reward_components ? Object.entries(t.info.reward_components).map(([n, v]) => `${n} ${fmt(v)}`).join(", ") : "";
-  const rest = Object.entries(t.info || {}).filter(([n]) => n !== "reward_components").map(([n, v]) => `${n}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  ");
+  const rest = Object.entries(t.info || {}).filter(([n, v]) => n !== "reward_components" && v !== null).map(([n, v]) => `${n}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  ");
   return el("div", {class: "turn" + (marked ? " first-diff" : ""), "data-turn": k},
     el("div", {class: "turnhead"}, marked ? el("span", {class: "badge mark"}, "first difference") : null,
       ` turn ${k + 1} · policy v${t.v} · reward ${fmt(t.r)}` + (comps ? ` (${comps})` : "")),
