@@ -185,7 +185,9 @@ RENDERERS.episodes = (root, d) => {
   }
   for (const w of Object.values(f)) w.querySelector("select, input").addEventListener("input", refresh);
   refresh();
-  const trained = eps.findIndex((e) => advScale(e) > 0);
+  // open on a trained episode, a solved multi-turn one if there is (the colouring says most there)
+  const solved = eps.findIndex((e) => advScale(e) > 0 && e.success && e.turns.length > 1);
+  const trained = solved >= 0 ? solved : eps.findIndex((e) => advScale(e) > 0);
   if (trained >= 0) show(trained);
 };
 
