@@ -118,6 +118,8 @@ def train(
             else f"  {label:<11}: not recorded (its metrics.jsonl line could not be read)"
         )
     console.print(f"run directory: {result.run_dir}")
+    if (result.run_dir / "report.html").exists():
+        console.print(f"report: {result.run_dir / 'report.html'} (open it in a browser)")
 
 
 @app.command()

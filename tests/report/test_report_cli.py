@@ -16,6 +16,7 @@ def test_train_writes_the_report_and_steprl_report_compares_runs(tmp_path):
     run = tmp_path / "calculator_tiny"
     assert rc == 0, out
     assert f"report: {run / 'report.html'}" in out and (run / "report.html").stat().st_size > 0
+    assert out.splitlines()[-1] == f"report: {run / 'report.html'} (open it in a browser)"  # the last word
 
     other = make_run(tmp_path / "others")
     rc, out = run_steprl(["report", str(run), "--vs", str(other), "-o", str(tmp_path / "vs.html")], ROOT)
