@@ -12,15 +12,12 @@ Derived sizes (trajectories per step, mini-batch size) are computed once and pri
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictFloat,
     ValidationError,
@@ -38,6 +35,19 @@ from steprl.algorithms import (
     estimators,
     filters,
 )
+
+# the run, model and env sections live in config_sections; importable from here as before
+from steprl.config_sections import (
+    EnvEntry,
+    EnvSection,
+    LoraSection,
+    ModelSection,
+    RunSection,
+    Section,
+    SFTSection,
+    TaskFileSection,
+    TinySection,
+)
 from steprl.config_values import (
     ConfigError,
     WandbSection,
@@ -49,179 +59,7 @@ from steprl.config_values import (
 )
 
 
-class _Section(BaseModel):
-    # allow_inf_nan: `trainer.lr=.inf` is a config error, not a run whose weights all become NaN;
-    # strict: `group_size: '8'` or `total_steps: true` is refused, not coerced (an int is a float)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
-
-
-class RunSection(_Section):
-    name: str = "calculator_tiny"  # run directory is <output_dir>/<name>
-    seed: int = 0  # seeds tasks, sampling, init and shuffling
-    output_dir: str = "runs"
-    # An existing run directory is resumed (`resume`), cleared whole (`overwrite: true`) or
-    # refused: a run never mixes its files with another run's.
-    overwrite: bool = False
-    # never: start fresh; auto: continue from the latest complete checkpoint in the run
-    # directory if there is one; must: as auto, but refuse when there is none (`--resume`)
-    resume: Literal["never", "auto", "must"] = "never"
-    allow_config_change: bool = False  # resume although the config differs (CKPT-06)
-
-    @field_validator("name")
-    @classmethod
-    def _plain_name(cls, v: str) -> str:
-        # overwrite clears <output_dir>/<name>: a name with a path in it would point elsewhere
-        if v.strip() in ("", ".", "..") or any(c in v for c in "/\\\0"):
-            raise ValueError(
-                f"{v!r} is not a plain name (no '/', '\\', '..', not empty): the run directory is "
-                "run.output_dir/run.name; put a path in run.output_dir"
-            )
-        return v
-
-
-class TinySection(_Section):
-    hidden_size: int = Field(96, gt=0)
-    num_layers: int = Field(3, gt=0)
-    num_heads: int = Field(4, gt=0)
-    intermediate_size: int = Field(256, gt=0)
-
-
-class SFTSection(_Section):
-    """Warm start on demonstrations from the env's scripted strategies, in two phases.
-
-    1. `skill_steps` on demonstrations of `skill_strategy` alone (the expert): the policy learns
-       the protocol and how to use the tool.
-    2. `steps` on the mixture `strategies` (name -> weight): the default makes the warm-start
-       policy deliberately imperfect: it uses the tool in about 30% of episodes and guesses
-       otherwise, so RL has something real to fix.
-    """
-
-    skill_strategy: str = "expert"
-    skill_steps: int = Field(400, ge=0)
-    strategies: dict[str, Annotated[float, Field(ge=0)]] = {"expert": 0.3, "guess": 0.7}
-    steps: int = Field(150, ge=0)
-    num_episodes: int = Field(6000, gt=0)  # demonstrations generated per phase
-    batch_size: int = Field(128, gt=0)
-    lr: float = Field(3e-3, gt=0)
-    mix_lr: float = Field(1e-3, gt=0)  # phase 2 learning rate
-    seed: int = 1234
-
-
-class LoraSection(_Section):
-    """LoRA adapters (peft, the `lora` extra): the learner trains only these; the engine
-    generates with them merged into its copy of the base weights."""
-
-    r: int = Field(16, gt=0)
-    alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
-class ModelSection(_Section):
-    # "tiny" (embedded, built locally), a local Hugging Face model directory, a Hub id (org/name:
-    # through the Hub's cache, HF_HOME), a .gguf file, or "gemma-3-270m" (the `gemma` extra's model)
-    name: str = "tiny"
-    device: str = "cpu"
-    init: Literal["sft", "scratch", "pretrained"] = "sft"  # "sft": a warm start on demonstrations (cached)
-    # warm starts and converted models; unset: $STEPRL_CACHE, else $XDG_CACHE_HOME/steprl or
-    # ~/.cache/steprl (one per user, wherever a command runs; models/sources.py: cache_root)
-    cache_dir: str | None = None
-    dtype: Literal["float32", "bfloat16"] = "float32"  # the learner's weights
-    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # the engine's copy; auto: = dtype
-    # how text becomes tokens: "plain" (the tiny model's BOS + text), "chat" (the tokenizer's chat
-    # template, exact multi-turn deltas), "auto" (chat when the tokenizer has a template)
-    format: Literal["auto", "plain", "chat"] = "auto"
-    chat_template: str | None = None  # a Jinja file replacing the tokenizer's template
-    lora: LoraSection | None = None  # {r, alpha, dropout, target_modules}: train adapters only
-    tiny: TinySection = TinySection()
-    sft: SFTSection = SFTSection()
-
-    @model_validator(mode="after")
-    def _tiny_has_no_template(self) -> ModelSection:
-        # caught here, not after the tiny model's minute-long warm start
-        if self.name == "tiny" and self.format == "chat" and self.chat_template is None:
-            raise ValueError(
-                "model.name, model.format: the tiny model's tokenizer has no chat template for "
-                "format=chat; use model.format=plain (or auto), or give one with model.chat_template"
-            )
-        return self
-
-
-class TaskFileSection(_Section):
-    """Tasks from a JSONL or Parquet file, one per row (see steprl/envs/task_file.py)."""
-
-    path: str  # relative: to the config file's directory (given with --set: the working directory)
-    prompt_field: str = "prompt"  # the text the policy sees first
-    id_field: str = "id"  # absent: <file stem>-<row>
-    split_field: str = "split"  # a column of train|eval; absent: a stable hash of the id
-    eval_fraction: float = Field(0.2, gt=0, lt=1)  # share of rows in eval when split by hash
-
-
-class EnvEntry(_Section):
-    """One env of a run. `name` is a registered name (`steprl check-env --list`), a family
-    (`gym`, `mcp`: the spec is built from `params`), an import path `package.module:attr` (an
-    EnvSpec or a zero-argument function returning one), or a name an installed package declares
-    in the `steprl.envs` entry-point group. See docs/your-own-env.md."""
-
-    name: str = "calculator"
-    params: dict[str, Any] = {}  # keyword arguments of the env factory (one env per episode)
-    task_params: dict[str, Any] = {}  # keyword arguments of the env's task generator
-    task_file: TaskFileSection | None = None  # tasks from a file instead of the env's generator
-    weight: float = Field(1.0, gt=0)  # in a list of envs: its share of the train tasks
-    # in a list: what its tasks and metrics (env/<id>/...) call it (default: `name`)
-    id: str | None = None
-
-    @field_validator("id")
-    @classmethod
-    def _plain_id(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
-            raise ValueError(f"{v!r} is not a plain id (letters, digits, '_', '.', '-'): it names metrics")
-        return v
-
-    @property
-    def key(self) -> str:  # what the run's tasks of this env carry in `task.env` (several envs)
-        return self.id or self.name
-
-
-class EnvSection(EnvEntry):
-    """Which env (or envs) to train on: one env (`name`, `params`, ... at this level), or a list
-    of them, each with a `weight` (`env:` given as a YAML list, or `env.mix`). A list trains on
-    a mixture: `source: auto` draws each task's env by weight (the `mixture` source)."""
-
-    mix: list[EnvEntry] = []  # several envs (a YAML list under `env:` lands here)
-    # the train tasks' source: a name in steprl.training.sources.TASK_SOURCES (stream, mixture)
-    # or the import path of your own; "auto": stream for one env, mixture for a list
-    source: str = "auto"
-    # modules imported first, by the trainer, the env server and the Ray workers (they register
-    # envs); `--plugin MODULE` on the command line adds to them
-    plugins: list[str] = []
-
-    @model_validator(mode="after")
-    def _one_env_or_a_list(self) -> EnvSection:
-        if not self.mix:
-            return self
-        one, fields = EnvEntry(), ("name", "params", "task_params", "task_file", "id")
-        given = [k for k in fields if getattr(self, k) != getattr(one, k)]
-        if given:
-            raise ValueError(f"env.{given[0]} is set next to a list of envs (env.mix): give one or the other")
-        keys = [e.key for e in self.mix]
-        twice = sorted({k for k in keys if keys.count(k) > 1})
-        if twice:
-            raise ValueError(f"env.mix has {twice[0]!r} twice: give each of them an `id` of its own")
-        return self
-
-    def entries(self) -> list[EnvEntry]:
-        """The run's envs: the list, or the one env given at this level."""
-        return list(self.mix) or [EnvEntry(**{k: getattr(self, k) for k in EnvEntry.model_fields})]
-
-    def source_name(self) -> str:
-        """`source` with "auto" resolved."""
-        if self.source == "auto":
-            return "mixture" if self.mix else "stream"
-        return self.source
-
-
-class RolloutSection(_Section):
+class RolloutSection(Section):
     tasks_per_step: int = Field(16, gt=0)  # distinct tasks per RL step
     group_size: int = Field(8, gt=0)  # rollouts per task (the GRPO group)
     temperature: float = Field(1.0, ge=0)
@@ -262,7 +100,7 @@ class RolloutSection(_Section):
         return v
 
 
-class AlgorithmSection(_Section):
+class AlgorithmSection(Section):
     """Which estimator, loss, aggregation and filters to use, each picked by name from the one
     dict in `steprl.algorithms`; `*_params` are keyword arguments of the picked function, checked
     against its signature. See docs/algorithms.md for every name and its keys."""
@@ -360,7 +198,7 @@ class AlgorithmSection(_Section):
         return self
 
 
-class TrainerSection(_Section):
+class TrainerSection(Section):
     total_steps: int = Field(50, ge=0)
     lr: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -396,7 +234,7 @@ class TrainerSection(_Section):
         return v
 
 
-class RuntimeSection(_Section):
+class RuntimeSection(Section):
     """Where environments run. The training code is the same for all three backends.
 
     * `inprocess`: env instances live in the trainer process (the default).
@@ -417,14 +255,14 @@ class RuntimeSection(_Section):
     max_failed_steps: int = Field(3, gt=0)  # consecutive steps over failure_budget stop the run
 
 
-class LoggingSection(_Section):
+class LoggingSection(Section):
     tensorboard: bool = True
     progress: bool = True
     save_trajectories: bool = True
     wandb: WandbSection | None = None  # Weights & Biases too (the wandb extra); absent: off
 
 
-class Config(_Section):
+class Config(Section):
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
     env: EnvSection = EnvSection()
@@ -498,3 +336,26 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
 def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+__all__ = [
+    "AlgorithmSection",
+    "Config",
+    "ConfigError",
+    "EnvEntry",
+    "EnvSection",
+    "LoggingSection",
+    "LoraSection",
+    "ModelSection",
+    "RolloutSection",
+    "RunSection",
+    "RuntimeSection",
+    "SFTSection",
+    "Section",
+    "TaskFileSection",
+    "TinySection",
+    "TrainerSection",
+    "dump_config",
+    "load_config",
+    "parse_override",
+]
