@@ -30,6 +30,9 @@ CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("staleness (policy versions)", ("staleness/traj_mean", "staleness/traj_max", "staleness/token_mean")),
     ("reward components", ("reward_component/*",)),
     ("advantage", ("advantage/abs_mean",)),
+    ("turn cap (curriculum)", ("curriculum/max_turns", "curriculum/cut_by_cap_frac")),
+    ("env weights (task source)", ("source/weight/*",)),
+    ("share of the gradient, per env", ("grad_share/*",)),
 )
 _PER_ENV = re.compile(r"^(eval/)?env/([^/]+)/(.+)$")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from steprl.report import config_section, curves, episodes, learning_diff, placeholders
+from steprl.report import config_section, curves, episodes, learning_diff, placeholders, steering
 from steprl.report.run_data import RunData, empty_run
 
 #: the renderers the page's own script defines (report/script.py)
@@ -33,8 +33,8 @@ SECTIONS: dict[str, SectionSpec] = {
     "learning_diff": SectionSpec("Learning diff", learning_diff.build, "learning_diff"),
     "episodes": SectionSpec("Episodes", episodes.build, "episodes"),
     "alarms": SectionSpec("Alarms and interventions", placeholders.nothing_yet, "table"),
-    "curriculum": SectionSpec("Curriculum stages", placeholders.nothing_yet, "table"),
-    "env_weights": SectionSpec("Per-env weights", placeholders.nothing_yet, "table"),
+    "curriculum": SectionSpec("Curriculum stages", steering.curriculum, "table"),
+    "env_weights": SectionSpec("Per-env weights", steering.env_weights, "table"),
 }
 
 
