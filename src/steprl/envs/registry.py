@@ -73,7 +73,16 @@ class EnvParamsError(EnvLoadError):
 
 def _builtin_specs() -> dict[str, EnvSpec]:
     """The one explicit list of built-in environments."""
-    from steprl.envs.library import apps, calculator, code_interpreter, echo, latency, puzzles, search
+    from steprl.envs.library import (
+        apps,
+        calculator,
+        code_interpreter,
+        echo,
+        horizon,
+        latency,
+        puzzles,
+        search,
+    )
 
     return {
         "calculator": EnvSpec(
@@ -98,6 +107,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         **puzzles.SPECS,  # frozenlake, sokoban, bandit
         "search": search.SPEC,
         "echo": echo.SPEC,  # trivial: transport benchmarks and the backend conformance suite
+        "corridor": horizon.SPEC,  # needs exactly k turns: horizon curricula (benchmarks/steering_horizon.py)
     }
 
 
