@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -88,6 +88,10 @@ class RolloutSection(Section):
     # asynchronous training: rollouts may run this many policy versions ahead of the learner
     # (0: synchronous; training/pipeline.py states the rule, docs/async.md what it buys)
     max_staleness: int = Field(0, ge=0)
+    # an episode the turn cap cut off (a horizon curriculum's cap, or max_turns): "fail" (reward 0,
+    # trained on like any failure) or "mask" (its reward still counts in its group's baseline; its
+    # rows carry no loss: uni-agent's mask_unfinished_episode)
+    cap_truncation: Literal["fail", "mask"] = "fail"
 
     @field_validator("system_prompt")
     @classmethod
@@ -198,6 +202,28 @@ class AlgorithmSection(Section):
         return self
 
 
+class CurriculumSection(Section):
+    """`trainer.curriculum`: a horizon curriculum, the turn cap of the tasks admitted next
+    (`training/controllers/horizon_*.py`). `stepwise` (AgentGym-RL's ScalingInter): stage
+    min(step // stage_steps, len(rounds) - 1). `gated`: the next round once, for `patience` steps
+    in a row, the success at the current cap is >= `success_at_least` and the share of episodes
+    the cap cut off is <= `cut_at_most`. Evaluation keeps `rollout.max_turns`."""
+
+    horizon: Literal["stepwise", "gated"] = "stepwise"
+    rounds: list[Annotated[int, Field(gt=0)]] = Field(min_length=1)  # turn caps, non-decreasing
+    stage_steps: int = Field(10, gt=0)  # stepwise: steps per round
+    success_at_least: float = Field(0.5, ge=0, le=1)  # gated
+    cut_at_most: float = Field(0.2, ge=0, le=1)  # gated
+    patience: int = Field(1, gt=0)  # gated: steps in a row that meet both
+
+    @field_validator("rounds")
+    @classmethod
+    def _non_decreasing(cls, v: list[int]) -> list[int]:
+        if any(b < a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError(f"rounds must not decrease (got {v}); e.g. [2, 4, 6]")
+        return v
+
+
 class TrainerSection(Section):
     total_steps: int = Field(50, ge=0)
     lr: float = Field(1e-4, gt=0)
@@ -223,6 +249,7 @@ class TrainerSection(Section):
     # controllers beyond those the config implies (the guards; adaptive_kl): registered names or
     # import paths package.module:attr of your own (training/controllers/, docs/components.md)
     controllers: list[str] = []
+    curriculum: CurriculumSection | None = None  # a horizon curriculum; absent: rollout.max_turns
 
     @field_validator("betas")
     @classmethod
@@ -289,6 +316,21 @@ class Config(Section):
             data["env"] = env
         return data
 
+    @model_validator(mode="after")
+    def _curriculum_fits(self) -> Config:
+        cur = self.trainer.curriculum
+        if cur is not None and max(cur.rounds) > self.rollout.max_turns:
+            raise ValueError(
+                f"trainer.curriculum.rounds: {max(cur.rounds)} turns is above rollout.max_turns="
+                f"{self.rollout.max_turns} (the cap every episode and the evaluation run under); raise it"
+            )
+        if cur is not None and self.runtime.rollout_workers:
+            raise ValueError(
+                "trainer.curriculum: a per-task turn cap is not carried to Ray rollout workers yet; "
+                "set runtime.rollout_workers=0"
+            )
+        return self
+
     def derived(self) -> dict[str, int]:
         """Sizes computed once from the config (printed at start)."""
         per_step = self.rollout.tasks_per_step * self.rollout.group_size
@@ -342,6 +384,7 @@ __all__ = [
     "AlgorithmSection",
     "Config",
     "ConfigError",
+    "CurriculumSection",
     "EnvEntry",
     "EnvSection",
     "LoggingSection",

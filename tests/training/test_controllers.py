@@ -21,11 +21,16 @@ from steprl.training.controllers import (
 
 #: a config that every registered controller is used by (the adaptive KL one needs KL in reward)
 EVERY = ["algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "algorithm.kl_ctrl=adaptive"]
+#: what a controller that excludes another needs on top (a horizon curriculum is one kind)
+ALSO = {
+    "horizon_stepwise": ["trainer.curriculum.rounds=[2,4,6]", "trainer.curriculum.stage_steps=3"],
+    "horizon_gated": ["trainer.curriculum.rounds=[2,4,6]", "trainer.curriculum.horizon=gated"],
+}
 
 
 @pytest.mark.parametrize("name", CONTROLLERS)
 def test_every_registered_controller_passes_the_checker(name):
-    check_controller(name, load_config(None, EVERY))
+    check_controller(name, load_config(None, EVERY + ALSO.get(name, [])))
 
 
 class _Forgetful:

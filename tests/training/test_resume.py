@@ -102,6 +102,12 @@ VARIANTS = {
         "algorithm.kl_target=0.01",
     ],
     "lora": ["model.lora={r: 4, target_modules: [q_proj, v_proj]}"],
+    # a horizon curriculum killed mid-stage (caps 2, 3, 4, 4), cap-cut episodes masked
+    "horizon stepwise": [
+        "trainer.curriculum.rounds=[2,3,4]",
+        "trainer.curriculum.stage_steps=1",
+        "rollout.cap_truncation=mask",
+    ],
 }
 
 
@@ -121,6 +127,9 @@ def test_ckpt02_resume_is_bit_identical(tmp_path, cache_dir, extra):
     if "algorithm.kl_ctrl=adaptive" in extra:  # the controller moved, and its state came back
         betas = [r["actor/reward_kl_coef"] for r in _rows(resumed.run_dir) if "actor/reward_kl_coef" in r]
         assert len(set(betas)) == 2 * N
+    if "trainer.curriculum.stage_steps=1" in extra:  # each step's tasks ran under its own cap
+        info = read_trajectories(resumed.run_dir / "trajectories").column("info_json").to_pylist()
+        assert sorted({json.loads(i)["turn_cap"] for i in info}) == [2, 3, 4]
     if f"env.mix={MIXTURE}" in extra:  # both envs trained, and counted apart, before and after the kill
         trained = [r for r in _rows(resumed.run_dir) if "reward/mean" in r]
         assert all(any(k.startswith("env/") for k in r) for r in trained)

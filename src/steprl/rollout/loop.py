@@ -31,7 +31,9 @@ from steprl.types import NOT_TRAINABLE, EndReason, Group, Step, Task, Trajectory
 
 @dataclass(frozen=True)
 class Budgets:
-    """Per-episode limits. Hitting one ends the episode `truncated` (not the policy's fault)."""
+    """Per-episode limits. Hitting one ends the episode `truncated` (not the policy's fault).
+    Every trajectory records the turn cap it ran under (`info["turn_cap"]`) and whether that cap
+    ended it (`info["cut_by_cap"]`): a horizon curriculum sets the cap per admitted task."""
 
     max_turns: int = 6
     max_tokens_per_turn: int = 48
@@ -64,6 +66,7 @@ async def run_episode(
     messages: list[dict[str, str]] = []  # the conversation as text: for the template check only
     end = EndReason.TRUNCATED
     info: dict[str, object] = {}
+    cut_by_cap = False
     try:
         first = await maybe_await(env.reset(task, seed))
         _check(observation_problem(first))
@@ -120,6 +123,8 @@ async def run_episode(
             if reason is not None:
                 end = reason
                 break
+        else:  # the turn cap ended it (recorded: a curriculum's cap changes, a stale sample keeps its own)
+            cut_by_cap = True
         if rule.append_only and len(steps) > 1 and getattr(fmt, "checks_template", False):
             # would a harness that re-templates the text every turn have shown the same ids?
             try:  # a diagnostic: a template that cannot re-render the text never fails the episode
@@ -144,7 +149,7 @@ async def run_episode(
         steps=tuple(steps),
         outcome_reward=sum(s.reward for s in steps) if end not in NOT_TRAINABLE else 0.0,
         end=end,
-        info=info,
+        info={**info, "turn_cap": budgets.max_turns, "cut_by_cap": cut_by_cap and end is EndReason.TRUNCATED},
     )
 
 

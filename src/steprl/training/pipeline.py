@@ -40,6 +40,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from steprl.diagnostics.metrics import is_success
 from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.training.sources import TaskSource
 from steprl.types import Group, Task
@@ -53,10 +54,10 @@ Done = Callable[[int, Group], None]
 class Producer(Protocol):
     """Runs groups of episodes somewhere, continuously, and takes new weights between decode steps."""
 
-    def start(self, items: Sequence[tuple[int, Task]], done: Done) -> None:
+    def start(self, items: Sequence[tuple[int, Task]], done: Done, *, max_turns: int | None = None) -> None:
         """Begin `group_size` episodes of each (stream position, task), all in one go (so
         which requests share the engine's first batch never depends on thread timing); call
-        `done` once per group."""
+        `done` once per group. `max_turns`: their turn cap (None: the configured one)."""
         ...
 
     def publish(self, weights: Weights, version: int) -> None:
@@ -121,6 +122,9 @@ class Pipeline:
         self._counters = _Counters(since=now)
         #: the groups taken since the last `take_metrics`, each with the version it trains at
         self.taken: list[tuple[Finished, int]] = []
+        #: the turn cap of the tasks admitted from now on (a horizon curriculum's; None: the
+        #: configured one). Fixed at admission: a group admitted ahead keeps the cap it ran under.
+        self.max_turns: int | None = None
 
     # ---- the learner's side -------------------------------------------------------------------
 
@@ -179,6 +183,7 @@ class Pipeline:
             self._counters = _Counters(since=now)
             queued, in_flight = len(self._finished), len(self._in_flight)
         out = staleness_metrics(self.taken, self.max_staleness, optimizer_steps)
+        out |= horizon_metrics(self.taken, self.max_turns)
         self.taken = []
         return out | {
             "async/queue_depth": float(queued),
@@ -215,7 +220,10 @@ class Pipeline:
             self._counters.admitted += 1
             admitted.append((index, task))
         if admitted:
-            self.producer.start(admitted, self._done)
+            if self.max_turns is None:
+                self.producer.start(admitted, self._done)
+            else:
+                self.producer.start(admitted, self._done, max_turns=self.max_turns)
 
     def _versions_ok(self, f: Finished) -> bool:
         """Every token of a returned group was sampled by a version published since its admission
@@ -255,6 +263,21 @@ def staleness_metrics(
     out["async/versions_spanned_mean"] = sum(spans) / max(len(spans), 1)
     out["async/versions_spanned_max"] = float(max(spans, default=0))
     return out
+
+
+def horizon_metrics(taken: Sequence[tuple[Finished, int]], cap: int | None) -> dict[str, float]:
+    """What a horizon curriculum reads (`training/controllers/horizon_gated.py`): the trained
+    episodes' mean turn cap, and, over those that ran under the current `cap` (a stale sample
+    ran under its own; None: all of them), the success rate and the share the cap cut off."""
+    trajs = [t for f, _ in taken for t in f.group.trajectories if t.trainable]
+    at_cap = [t for t in trajs if cap is None or t.info.get("turn_cap") == cap]
+    n = max(len(at_cap), 1)
+    return {
+        "horizon/turn_cap_mean": sum(float(t.info.get("turn_cap", 0)) for t in trajs) / max(len(trajs), 1),
+        "horizon/episodes_at_cap": float(len(at_cap)),
+        "horizon/success_at_cap": sum(is_success(t) for t in at_cap) / n,
+        "horizon/cut_by_cap_frac": sum(bool(t.info.get("cut_by_cap")) for t in at_cap) / n,
+    }
 
 
 def describe_pending(pending: Sequence[tuple[int, Task]]) -> str:

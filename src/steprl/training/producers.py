@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from steprl.rollout.engines.hf import HFEngine
@@ -35,11 +36,16 @@ class LocalProducer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="steprl-rollouts", daemon=True)
         self._thread.start()
 
-    def start(self, items: Sequence[tuple[int, Task]], done: Done) -> None:
+    def start(self, items: Sequence[tuple[int, Task]], done: Done, *, max_turns: int | None = None) -> None:
+        # the turn cap fixed at admission (a horizon curriculum's), however late the episodes run
+        setup = self.setup
+        if max_turns is not None:
+            setup = replace(setup, budgets=replace(setup.budgets, max_turns=max_turns))
+
         async def one(index: int, task: Task) -> None:
             try:
                 groups = await rollout_groups(
-                    [task], self.group_size, self.setup, seed=self.seed, first_index=index
+                    [task], self.group_size, setup, seed=self.seed, first_index=index
                 )
                 group = groups[0]
             except Exception as exc:  # rollout_groups catches env errors; this is a bug guard
@@ -93,7 +99,9 @@ class RayProducer:
         self._waiter = threading.Thread(target=self._wait, name="steprl-ray-rollouts", daemon=True)
         self._waiter.start()
 
-    def start(self, items: Sequence[tuple[int, Task]], done: Done) -> None:
+    def start(self, items: Sequence[tuple[int, Task]], done: Done, *, max_turns: int | None = None) -> None:
+        if max_turns is not None:  # the config refuses it (trainer.curriculum with rollout workers)
+            raise NotImplementedError("a per-task turn cap (trainer.curriculum) on Ray rollout workers")
         with self._lock:
             for index, task in items:
                 worker, ref = self.pool.start_group(task, self.group_size, seed=self.seed, index=index)

@@ -163,8 +163,11 @@ def make_batch(
     *,
     env_ids: dict[str, int],
     settings: Adjustments,
+    mask_cut: bool = False,
 ) -> StepBatch:
-    """`settings`: the controllers' current adjustments (the KL coefficient, when one sets it)."""
+    """`settings`: the controllers' current adjustments (the KL coefficient, when one sets it).
+    `mask_cut` (`rollout.cap_truncation=mask`): an episode the turn cap cut off keeps its reward
+    in its group's baseline but its rows are dropped (no loss)."""
     trainable = tuple(t for g in groups for t in g.trajectories)
     views = [s for i, t in enumerate(trainable) for s in parts.to_samples(t, i)]
     if not views:
@@ -201,6 +204,10 @@ def make_batch(
     if algo.min_abs_advantage > 0:  # LOOP: drop trajectories that carry no signal
         keep = set(filters.loop_abs_adv_keep(abs_adv, algo.min_abs_advantage).tolist())
         rows = [r for r in rows if r.view.traj_index in keep]
+    if mask_cut:  # the advantages above saw its reward; only its own loss goes
+        cut = {i for i, t in enumerate(trainable) if t.info.get("cut_by_cap")}
+        rows = [r for r in rows if r.view.traj_index not in cut]
+        metrics = {**metrics, "horizon/masked_trajectories": float(len(cut))}
     return StepBatch(trainable, tuple(rows), abs_adv, metrics)
 
 

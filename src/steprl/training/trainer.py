@@ -286,6 +286,7 @@ def run_step(
     t0 = time.perf_counter()
     step = state.step + 1
     algo = cfg.algorithm
+    pipeline.max_turns = settings.max_turns  # the cap of the tasks admitted from now on
     with waiting():
         collected = collect_groups(
             pipeline,
@@ -303,7 +304,8 @@ def run_step(
             "infra/invalid/* and the trajectories' info['error']."
         )
     env_ids = dict(state.env_ids)
-    batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, settings=settings)
+    mask_cut = cfg.rollout.cap_truncation == "mask"
+    batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, settings=settings, mask_cut=mask_cut)
     stats = parts.learner.update(
         batch.samples,
         epochs=cfg.trainer.epochs,

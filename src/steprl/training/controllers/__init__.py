@@ -1,5 +1,6 @@
 """Controllers: run components that read each finished step's metrics and change what the next
-step does (the reward-KL coefficient), or stop the run with a reason.
+step does (the reward-KL coefficient, the turn cap of the tasks admitted next), or stop the run
+with a reason.
 
 A run's controllers are derived from its config (`ControllerSpec.used`); the trainer asks them
 once per step (`Controllers.observe`) and passes the merged `Adjustments` to the next step. Each
@@ -25,6 +26,8 @@ from steprl.training.components import Stateful, load_attr
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
 from steprl.training.controllers.base import Adjustments, Controller, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
+from steprl.training.controllers.horizon_gated import HorizonGated
+from steprl.training.controllers.horizon_stepwise import HorizonStepwise
 from steprl.training.controllers.nonfinite_guard import NonfiniteGuard
 
 
@@ -40,7 +43,14 @@ CONTROLLERS: dict[str, ControllerSpec] = {
     "adaptive_kl": ControllerSpec(AdaptiveKL.from_config, lambda cfg: cfg.algorithm.kl_ctrl == "adaptive"),
     "nonfinite_guard": ControllerSpec(NonfiniteGuard.from_config, lambda cfg: True),
     "failure_guard": ControllerSpec(FailureGuard.from_config, lambda cfg: True),
+    # trainer.curriculum: the turn cap of the tasks admitted next
+    "horizon_stepwise": ControllerSpec(HorizonStepwise.from_config, lambda cfg: _horizon(cfg) == "stepwise"),
+    "horizon_gated": ControllerSpec(HorizonGated.from_config, lambda cfg: _horizon(cfg) == "gated"),
 }
+
+
+def _horizon(cfg: Config) -> str | None:
+    return cfg.trainer.curriculum.horizon if cfg.trainer.curriculum is not None else None
 
 
 def controller_spec(name: str) -> ControllerSpec:

@@ -27,6 +27,7 @@ class Adjustments:
     every controller's record (the first value set wins) and passes it to `make_batch`."""
 
     kl_coef: float | None = None  # the reward-KL coefficient (algorithm.kl_coef otherwise)
+    max_turns: int | None = None  # the turn cap of the tasks admitted next (rollout.max_turns otherwise)
     stop: str | None = None  # stop the run (non-zero) with this reason, one line
 
 
