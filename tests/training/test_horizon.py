@@ -106,7 +106,7 @@ def test_a_group_admitted_ahead_keeps_the_cap_it_was_admitted_with():
     assert prod.caps == {0: 2, 1: 2, 2: 4} and first[0].trajectories[0].info["turn_cap"] == 2
     # the metrics at the current cap (4) leave the stale group out: no evidence for the gate
     m = pipe.take_metrics(1)
-    assert m["horizon/episodes_at_cap"] == 0.0 and m["horizon/turn_cap_mean"] == 2.0
+    assert m["curriculum/episodes_at_cap"] == 0.0 and m["curriculum/max_turns"] == 4.0
 
 
 def test_mask_keeps_a_cut_episode_in_the_baseline_and_trains_none_of_its_rows():
@@ -137,7 +137,7 @@ def test_mask_keeps_a_cut_episode_in_the_baseline_and_trains_none_of_its_rows():
     kept = {r.view.traj_index: r.advantages for r in batches[True].rows}
     # the baseline counted the cut one: 1 - 1/3 and 0 - 1/3 (of the two left: +-1/2)
     assert max(kept[0]) == pytest.approx(2 / 3) and min(kept[2]) == pytest.approx(-1 / 3)
-    assert batches[True].metrics["horizon/masked_trajectories"] == 1.0
+    assert batches[True].metrics["curriculum/masked_trajectories"] == 1.0
 
 
 def _caps(cfg_extra: list[str], metrics: list[dict[str, float]]) -> list[int | None]:
@@ -151,8 +151,12 @@ def _caps(cfg_extra: list[str], metrics: list[dict[str, float]]) -> list[int | N
 def test_stepwise_follows_agentgym_rl_and_gated_waits_for_both_thresholds():
     rounds = "trainer.curriculum.rounds=[2,4,6]"
     assert _caps([rounds, "trainer.curriculum.stage_steps=2"], [{}] * 6) == [2, 2, 4, 4, 6, 6, 6]
-    ok = {"horizon/episodes_at_cap": 8.0, "horizon/success_at_cap": 0.9, "horizon/cut_by_cap_frac": 0.1}
-    cut = ok | {"horizon/cut_by_cap_frac": 0.5}
+    ok = {
+        "curriculum/episodes_at_cap": 8.0,
+        "curriculum/success_at_cap": 0.9,
+        "curriculum/cut_by_cap_frac": 0.1,
+    }
+    cut = ok | {"curriculum/cut_by_cap_frac": 0.5}
     gated = [rounds, "trainer.curriculum.horizon=gated", "trainer.curriculum.patience=2"]
     # a cut share over the bound resets the streak; a step with nothing at the cap holds it
     assert _caps(gated, [ok, cut, ok, {}, ok, ok, ok, ok]) == [2, 2, 2, 2, 2, 4, 4, 6, 6]

@@ -266,17 +266,19 @@ def staleness_metrics(
 
 
 def horizon_metrics(taken: Sequence[tuple[Finished, int]], cap: int | None) -> dict[str, float]:
-    """What a horizon curriculum reads (`training/controllers/horizon_gated.py`): the trained
-    episodes' mean turn cap, and, over those that ran under the current `cap` (a stale sample
-    ran under its own; None: all of them), the success rate and the share the cap cut off."""
+    """What a horizon curriculum reads (`training/controllers/horizon_gated.py`) and the report
+    shows: the cap of the tasks admitted now (None: the trained episodes' mean cap), and, over the
+    episodes that ran under the current `cap` (a stale sample ran under its own; None: all), the
+    success rate and the share the cap cut off."""
     trajs = [t for f, _ in taken for t in f.group.trajectories if t.trainable]
     at_cap = [t for t in trajs if cap is None or t.info.get("turn_cap") == cap]
     n = max(len(at_cap), 1)
+    mean_cap = sum(float(t.info.get("turn_cap", 0)) for t in trajs) / max(len(trajs), 1)
     return {
-        "horizon/turn_cap_mean": sum(float(t.info.get("turn_cap", 0)) for t in trajs) / max(len(trajs), 1),
-        "horizon/episodes_at_cap": float(len(at_cap)),
-        "horizon/success_at_cap": sum(is_success(t) for t in at_cap) / n,
-        "horizon/cut_by_cap_frac": sum(bool(t.info.get("cut_by_cap")) for t in at_cap) / n,
+        "curriculum/max_turns": float(cap) if cap is not None else mean_cap,
+        "curriculum/episodes_at_cap": float(len(at_cap)),
+        "curriculum/success_at_cap": sum(is_success(t) for t in at_cap) / n,
+        "curriculum/cut_by_cap_frac": sum(bool(t.info.get("cut_by_cap")) for t in at_cap) / n,
     }
 
 

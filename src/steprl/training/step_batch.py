@@ -207,7 +207,7 @@ def make_batch(
     if mask_cut:  # the advantages above saw its reward; only its own loss goes
         cut = {i for i, t in enumerate(trainable) if t.info.get("cut_by_cap")}
         rows = [r for r in rows if r.view.traj_index not in cut]
-        metrics = {**metrics, "horizon/masked_trajectories": float(len(cut))}
+        metrics = {**metrics, "curriculum/masked_trajectories": float(len(cut))}
     return StepBatch(trainable, tuple(rows), abs_adv, metrics)
 
 

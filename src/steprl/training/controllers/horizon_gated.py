@@ -4,7 +4,7 @@ success at the current cap is at least `success_at_least` and the share of episo
 off is at most `cut_at_most`; otherwise it holds. Used when `trainer.curriculum.horizon` is
 `gated`.
 
-It reads `horizon/*` (`training/pipeline.py: horizon_metrics`), measured only over the episodes
+It reads `curriculum/*` (`training/pipeline.py: horizon_metrics`), measured only over the episodes
 that ran under the current cap: in asynchronous training a stale group ran under an older one
 and says nothing about this one. A step with no such episode (or that trained nothing) leaves
 the streak as it was."""
@@ -19,7 +19,11 @@ from steprl.training.controllers.base import Adjustments, StepReport
 
 
 class HorizonGated:
-    reads: tuple[str, ...] = ("horizon/success_at_cap", "horizon/cut_by_cap_frac", "horizon/episodes_at_cap")
+    reads: tuple[str, ...] = (
+        "curriculum/success_at_cap",
+        "curriculum/cut_by_cap_frac",
+        "curriculum/episodes_at_cap",
+    )
 
     def __init__(
         self, rounds: Sequence[int], success_at_least: float, cut_at_most: float, patience: int
@@ -40,11 +44,11 @@ class HorizonGated:
 
     def observe(self, report: StepReport) -> Adjustments:
         m = report.metrics
-        if not m.get("horizon/episodes_at_cap", 0.0) or self.stage == len(self.rounds) - 1:
+        if not m.get("curriculum/episodes_at_cap", 0.0) or self.stage == len(self.rounds) - 1:
             return self.current()  # no evidence at this cap, or nowhere further to go
         ready = (
-            m.get("horizon/success_at_cap", 0.0) >= self.success_at_least
-            and m.get("horizon/cut_by_cap_frac", 1.0) <= self.cut_at_most
+            m.get("curriculum/success_at_cap", 0.0) >= self.success_at_least
+            and m.get("curriculum/cut_by_cap_frac", 1.0) <= self.cut_at_most
         )
         self.streak = self.streak + 1 if ready else 0
         if self.streak >= self.patience:
