@@ -59,6 +59,40 @@ from steprl.config_values import (
 )
 
 
+class CrossPolicySection(Section):
+    """Cross-policy sampling (rollout/engines/snapshots.py): the engine holds `snapshots` weight
+    versions (the current one and the ones before it) and samples each turn from one of them,
+    drawn from the turn's seed: `probs[j]` for the version j behind the current one, or
+    `current_prob` for the current one and the rest split evenly. K model copies in memory."""
+
+    snapshots: int = Field(3, ge=1)
+    probs: list[float] | None = None
+    current_prob: float | None = Field(None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _probs(self) -> CrossPolicySection:
+        if self.probs is not None and self.current_prob is not None:
+            raise ValueError("give probs or current_prob, not both")
+        if self.probs is not None:
+            if len(self.probs) != self.snapshots:
+                raise ValueError(
+                    f"probs has {len(self.probs)} entries; give one per snapshot ({self.snapshots})"
+                )
+            if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-6:
+                raise ValueError(f"probs must be >= 0 and sum to 1 (got {self.probs})")
+        return self
+
+    def resolved(self) -> tuple[float, ...]:
+        """The chance of each lag 0..K-1 (default: uniform)."""
+        k = self.snapshots
+        if self.probs is not None:
+            return tuple(self.probs)
+        if self.current_prob is not None:
+            rest = (1.0 - self.current_prob) / (k - 1) if k > 1 else 0.0
+            return (self.current_prob if k > 1 else 1.0, *([rest] * (k - 1)))
+        return tuple([1.0 / k] * k)
+
+
 class RolloutSection(Section):
     tasks_per_step: int = Field(16, gt=0)  # distinct tasks per RL step
     group_size: int = Field(8, gt=0)  # rollouts per task (the GRPO group)
@@ -88,6 +122,9 @@ class RolloutSection(Section):
     # asynchronous training: rollouts may run this many policy versions ahead of the learner
     # (0: synchronous; training/pipeline.py states the rule, docs/async.md what it buys)
     max_staleness: int = Field(0, ge=0)
+    # cross-policy sampling: each turn from one of the K latest policy versions (needs a loss
+    # that reads the proximal policy, e.g. algorithm.policy_loss=decoupled_ppo); absent: off
+    cross_policy: CrossPolicySection | None = None
     # an episode the turn cap cut off (a horizon curriculum's cap, or max_turns): "fail" (reward 0,
     # trained on like any failure) or "mask" (its reward still counts in its group's baseline; its
     # rows carry no loss: uni-agent's mask_unfinished_episode)
@@ -331,6 +368,17 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _cross_policy_needs_proximal(self) -> Config:
+        cp = self.rollout.cross_policy
+        loss = POLICY_LOSSES[self.algorithm.policy_loss]
+        if cp is not None and cp.snapshots > 1 and not loss.needs_proximal:
+            raise ValueError(
+                f"rollout.cross_policy: algorithm.policy_loss={self.algorithm.policy_loss} would clip "
+                "old snapshots' tokens around their own stale policy; set algorithm.policy_loss=decoupled_ppo"
+            )
+        return self
+
     def derived(self) -> dict[str, int]:
         """Sizes computed once from the config (printed at start)."""
         per_step = self.rollout.tasks_per_step * self.rollout.group_size
@@ -384,6 +432,7 @@ __all__ = [
     "AlgorithmSection",
     "Config",
     "ConfigError",
+    "CrossPolicySection",
     "CurriculumSection",
     "EnvEntry",
     "EnvSection",

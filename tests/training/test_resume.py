@@ -102,6 +102,12 @@ VARIANTS = {
         "algorithm.kl_target=0.01",
     ],
     "lora": ["model.lora={r: 4, target_modules: [q_proj, v_proj]}"],
+    # the engine's older weight versions are in the checkpoint (no resume could rebuild them)
+    "cross-policy snapshots": [
+        "algorithm.policy_loss=decoupled_ppo",
+        "algorithm.loss_params={}",
+        "rollout.cross_policy={snapshots: 3, probs: [0.4, 0.3, 0.3]}",
+    ],
     # a horizon curriculum killed mid-stage (caps 2, 3, 4, 4), cap-cut episodes masked
     "horizon stepwise": [
         "trainer.curriculum.rounds=[2,3,4]",

@@ -9,11 +9,15 @@ bit-identical to in-process rollouts with the same engine seed, weights and torc
 position, so group ids and per-episode sampling seeds are those of one process rolling out the
 whole batch: the same tokens as in-process (log-probs equal up to float rounding).
 
-What it costs: N model copies in memory; one `ray.put` of the state dict per `sync_weights`
-(each worker then deserialises its own copy); the model and the latest weights stay in the
-object store so a dead worker can be rebuilt. If a worker dies mid-rollout, its share comes
-back as `infra_failed` trajectories (trajectories in == out) and a fresh worker, with the
-current weights and seed, takes its place.
+With cross-policy sampling (`engines/snapshots.py`) each worker's engine holds K versions,
+rotated by the same `sync_weights` calls as in-process, so each worker holds the same snapshots;
+a rebuilt worker replays the last K updates (and a resume's snapshots) to hold them too.
+
+What it costs: N model copies in memory (N x K with cross-policy snapshots); one `ray.put` of
+the state dict per `sync_weights` (each worker then deserialises its own copy); the model and
+the latest weights stay in the object store so a dead worker can be rebuilt. If a worker dies
+mid-rollout, its share comes back as `infra_failed` trajectories (trajectories in == out) and a
+fresh worker, with the current weights and seed, takes its place.
 """
 
 from __future__ import annotations
@@ -135,6 +139,10 @@ class RolloutWorker:
         self.engine.update_weights(state_dict, version)
         return True
 
+    async def load_snapshots(self, state: Mapping[str, Any]) -> None:
+        """A resume's cross-policy snapshots (`HFEngine.load_snapshots`)."""
+        self.engine.load_snapshots(state)
+
     async def version(self) -> int:
         return self.engine.version
 
@@ -197,7 +205,12 @@ class RayRolloutPool:
         #: (worker index, why) for every worker replaced after dying or passing the deadline
         self.replaced: list[tuple[int, str]] = []
         self._version = version
-        self._weights_ref: Any = None  # the latest synced state dict, to rebuild a dead worker
+        # what a rebuilt worker replays, in order, to hold what the others hold: the latest
+        # weights; with cross-policy snapshots the last K versions' (and a resume's snapshots)
+        self._replay: list[tuple[str, Any, int]] = []
+        self._spawn_version = version
+        cp = engine_settings.cross_policy
+        self._keep = cp.snapshots if cp is not None else 1
         self._model_ref = ray.put(_without_capture_hooks(model))
         self._kwargs: dict[str, Any] = {
             "fmt": fmt,
@@ -276,9 +289,30 @@ class RayRolloutPool:
             if isinstance(state_dict, AdapterUpdate)
             else {k: v.detach().cpu() for k, v in state_dict.items()}
         )
-        self._weights_ref = ray.put(payload)
+        ref = ray.put(payload)
         self._version = version
-        self._broadcast("update_weights", lambda k: (self._weights_ref, version))
+        self._remember(("update_weights", ref, version))
+        self._broadcast("update_weights", lambda k: (ref, version))
+
+    def load_snapshots(self, state: Mapping[str, Any]) -> None:
+        """A resume's cross-policy snapshots to every worker (before the current weights)."""
+        ref = ray.put(dict(state))
+        self._replay, self._spawn_version = (
+            [("load_snapshots", ref, int(state["version"]))],
+            int(state["version"]),
+        )
+        self._broadcast("load_snapshots", lambda k: (ref,))
+
+    def _remember(self, entry: tuple[str, Any, int]) -> None:
+        if self._keep == 1:
+            self._replay, self._spawn_version = [entry], entry[2]
+            return
+        self._replay.append(entry)
+        versions = sorted({v for m, _, v in self._replay if m == "update_weights"})
+        if len(versions) > self._keep:  # the oldest version is out of every snapshot: start after it
+            first = versions[-self._keep]
+            self._replay = [e for e in self._replay if e[0] == "update_weights" and e[2] >= first]
+            self._spawn_version = first
 
     def worker_pids(self) -> list[int]:
         return [int(p) for p in ray.get([w.pid.remote() for w in self._workers])]
@@ -298,10 +332,13 @@ class RayRolloutPool:
 
     def _spawn(self, index: int) -> Any:
         worker: Any = _RolloutWorkerActor.options(**self._options).remote(
-            self._model_ref, version=self._version, **self._kwargs
+            self._model_ref, version=self._spawn_version, **self._kwargs
         )
-        if self._weights_ref is not None:  # calls to one actor run in submission order
-            worker.update_weights.remote(self._weights_ref, self._version)
+        for method, ref, version in self._replay:  # calls to one actor run in submission order
+            if method == "load_snapshots":
+                worker.load_snapshots.remote(ref)
+            else:
+                worker.update_weights.remote(ref, version)
         return worker
 
     def _replace(self, index: int, why: str) -> None:

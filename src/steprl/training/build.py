@@ -26,7 +26,7 @@ from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
-from steprl.rollout.engines.hf import HFEngine
+from steprl.rollout.engines.hf import CurrentPolicy, HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training import env_setup
@@ -37,7 +37,7 @@ from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
-from steprl.training.rollout_parts import context_rule, engine_for, engine_settings
+from steprl.training.rollout_parts import SnapshotState, context_rule, engine_for, engine_settings
 from steprl.training.sources import TaskSource, TaskSplits, make_source
 from steprl.types import Task, Trajectory
 
@@ -251,7 +251,11 @@ def build(
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
         source=source,
         controllers=controllers,
-        components={f"source:{source_name}": source, **controllers.components()},
+        components={
+            f"source:{source_name}": source,
+            **controllers.components(),
+            **({"engine:snapshots": SnapshotState(engine, remote)} if engine.snapshots is not None else {}),
+        },
     )
 
 
@@ -270,4 +274,6 @@ def _pack_rows(cfg: Config, model: torch.nn.Module, log: Callable[[str], None]) 
 
 
 def eval_setup(parts: Parts) -> RolloutSetup:
-    return replace(parts.setup, sampling=parts.eval_sampling)
+    # held-out episodes measure the current policy, never the cross-policy mixture
+    engine = CurrentPolicy(parts.engine) if parts.engine.snapshots is not None else parts.engine
+    return replace(parts.setup, engine=engine, sampling=parts.eval_sampling)

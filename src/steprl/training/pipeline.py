@@ -106,8 +106,12 @@ class Pipeline:
         max_staleness: int,
         version: int,
         pending: Sequence[tuple[int, Task]] = (),
+        snapshot_lag: int = 0,
     ) -> None:
         self.tasks = tasks
+        #: cross-policy sampling (`rollout/engines/snapshots.py`) samples turns on purpose up to
+        #: this many versions behind the current one: allowed on top of `max_staleness`
+        self.snapshot_lag = snapshot_lag
         self.producer = producer
         self.max_staleness = max_staleness
         self.window = (max_staleness + 1) * tasks_per_step  # the bound on the queue + in flight
@@ -139,7 +143,8 @@ class Pipeline:
                 self._finished.sort(key=lambda f: (f.oldest, f.index))
                 while self._finished and len(picked) < n:
                     f = self._finished.pop(0)
-                    if self.version - f.oldest > self.max_staleness or not self._versions_ok(f):
+                    too_old = self.version - f.oldest > self.max_staleness + self.snapshot_lag
+                    if too_old or not self._versions_ok(f):
                         self._counters.evicted += 1  # overtaken while it ran: run it again
                         self.tasks.requeue(f.index, f.group.task)
                         self._top_up()
@@ -229,7 +234,7 @@ class Pipeline:
         """Every token of a returned group was sampled by a version published since its admission
         (a worker that missed an update, or reports one it never got, is caught here)."""
         versions = [v for t in f.group.trajectories for v in t.token_versions]
-        ok = all(f.admitted <= v <= self.version for v in versions)
+        ok = all(f.admitted - self.snapshot_lag <= v <= self.version for v in versions)
         if not ok:
             self._counters.version_errors += 1
         return ok

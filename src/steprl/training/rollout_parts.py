@@ -6,6 +6,7 @@ of them; one wired at a single call site would silently not reach the others.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from steprl.models.sources import DTYPES
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import CONTEXT_RULES, ContextRule
 from steprl.rollout.engines.hf import EngineSettings, HFEngine
+from steprl.rollout.engines.snapshots import CrossPolicy
 
 
 def engine_settings(cfg: Config) -> EngineSettings:
@@ -26,7 +28,13 @@ def engine_settings(cfg: Config) -> EngineSettings:
         seed=cfg.run.seed,
         prefix_cache_bytes=r.prefix_cache_mib << 20,
         continuous=r.continuous_batching,
+        cross_policy=CrossPolicy(r.cross_policy.resolved()) if r.cross_policy is not None else None,
     )
+
+
+def cross_policy_lag(cfg: Config) -> int:
+    """How many versions behind the current one cross-policy sampling may sample (K - 1)."""
+    return cfg.rollout.cross_policy.snapshots - 1 if cfg.rollout.cross_policy is not None else 0
 
 
 def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
@@ -42,6 +50,22 @@ def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
         pad_token_id=tokenizer.pad_token_id,
         device=cfg.model.device,
     )
+
+
+class SnapshotState:
+    """Cross-policy snapshots as a run component: a checkpoint holds them (past weights, which
+    no resume could rebuild) and a resume gives them to every engine copy (Ray workers too)."""
+
+    def __init__(self, engine: HFEngine, remote: Any) -> None:
+        self.engine, self.remote = engine, remote
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.engine.snapshot_state()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.engine.load_snapshots(state)
+        if self.remote is not None:
+            self.remote.load_snapshots(state)
 
 
 def context_rule(cfg: Config, fmt: PromptFormat) -> ContextRule:

@@ -57,10 +57,12 @@ from steprl.rollout import seeds
 from steprl.training import env_setup, resume
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.controllers import Adjustments, StepReport
+from steprl.training.cross_policy import ratio_metrics
 from steprl.training.evaluate import evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
+from steprl.training.rollout_parts import cross_policy_lag
 from steprl.training.run_sinks import open_sinks
 from steprl.training.saved_advantages import Advantages, saved_advantages
 from steprl.training.sources import TaskSource
@@ -266,6 +268,7 @@ def start_pipeline(
         max_staleness=k,
         version=state.policy_version,
         pending=state.pending,
+        snapshot_lag=cross_policy_lag(cfg),
     )
 
 
@@ -306,6 +309,8 @@ def run_step(
     env_ids = dict(state.env_ids)
     mask_cut = cfg.rollout.cap_truncation == "mask"
     batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, settings=settings, mask_cut=mask_cut)
+    # cross-policy sampling: ratio statistics by lag, under the weights before the update
+    mixed = ratio_metrics(parts.learner, batch, state.policy_version, cross_policy_lag(cfg))
     stats = parts.learner.update(
         batch.samples,
         epochs=cfg.trainer.epochs,
@@ -338,6 +343,7 @@ def run_step(
     flow = pipeline.take_metrics(cfg.trainer.epochs * cfg.trainer.mini_batches)
     flow["time/learner_idle_share"] = t_rollout / max(t_step, 1e-9)
     metrics = step_metrics(collected, batch, stats, version, per_env=parts.envs.several)
+    metrics |= mixed
     advantages = saved_advantages(collected.rollouts, batch)
     return state, metrics | times | flow, collected.rollouts, advantages
 

@@ -21,6 +21,7 @@ import asyncio
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ from steprl.rollout.engines.kv_cache import engine_cache, preloadable
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
 from steprl.rollout.engines.prefix_cache import PrefixCache
 from steprl.rollout.engines.sampling import request_uniforms, sample_from_logits
+from steprl.rollout.engines.snapshots import CrossPolicy, Snapshots, draw_lags
 
 #: Waiting requests join a running batch only if it may still decode more steps than this:
 #: closer to its end, they lose less by waiting than a join (a prefill and a cache copy) costs.
@@ -47,6 +49,8 @@ class EngineSettings:
     seed: int = 0  # every request carries its own seed too (`rollout/seeds.py`)
     prefix_cache_bytes: int = 1 << 30  # 0: re-prefill every turn
     continuous: bool = True  # False: a batch runs until its last row finishes
+    #: cross-policy sampling (`snapshots.py`): None, or K versions held and each one's chance
+    cross_policy: CrossPolicy | None = None
 
 
 class HFEngine:
@@ -64,6 +68,7 @@ class HFEngine:
         version: int = 0,
         prefix_cache_bytes: int = 1 << 30,
         continuous: bool = True,
+        cross_policy: CrossPolicy | None = None,
     ) -> None:
         self.model = model.to(device).eval()
         self.device = torch.device(device)
@@ -88,6 +93,26 @@ class HFEngine:
             if prefix_cache_bytes > 0 and preloadable(engine_cache(self.model))
             else None
         )
+        # K > 1: the K-1 versions before this one, each its own engine (snapshots.py)
+        self.snapshots: Snapshots | None = None
+        if cross_policy is not None and cross_policy.snapshots > 1:
+            self.snapshots = Snapshots(cross_policy, self._snapshot_engine)
+            self._settings = (max_batch_size, seed, prefix_cache_bytes, continuous)
+            self._draws = torch.Generator().manual_seed(seed ^ 0x5EED)  # requests without a seed
+
+    def _snapshot_engine(self, model: torch.nn.Module, version: int) -> HFEngine:
+        batch, seed, prefix, continuous = self._settings
+        return HFEngine(
+            model,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            device=str(self.device),
+            max_batch_size=batch,
+            seed=seed,  # the same token draws: only the weights differ
+            version=version,
+            prefix_cache_bytes=prefix,
+            continuous=continuous,
+        )
 
     @classmethod
     def with_settings(
@@ -111,6 +136,7 @@ class HFEngine:
             version=version,
             prefix_cache_bytes=settings.prefix_cache_bytes,
             continuous=settings.continuous,
+            cross_policy=settings.cross_policy,
         )
 
     @property
@@ -126,7 +152,12 @@ class HFEngine:
         A full state dict replaces the weights (shapes must match). An `AdapterUpdate` (LoRA)
         merges the adapters into this plain copy: W = W0 + scaling * B @ A, from the base
         weights W0 kept at the first adapter update, so updates never accumulate.
+
+        With cross-policy snapshots, a new version first keeps the current (merged) weights as
+        the newest snapshot; the same version again (LoRA's first merge, a resume) replaces them.
         """
+        if self.snapshots is not None and version != self._version:
+            self.snapshots.rotate(self.model, self._version)
         if isinstance(state_dict, AdapterUpdate):
             if self._lora is None:
                 self._lora = LoraMerger(self.model)
@@ -138,20 +169,49 @@ class HFEngine:
         if self._prefix is not None:  # keys and values of the old weights
             self._prefix.clear()
 
+    def snapshot_state(self) -> dict[str, Any]:
+        """The cross-policy snapshots (versions, weights) and the current version: a checkpoint's."""
+        held = self.snapshots.state_dict() if self.snapshots is not None else {"versions": [], "weights": []}
+        return {"version": self._version, **held}
+
+    def load_snapshots(self, state: Mapping[str, Any]) -> None:
+        """Hold `state`'s snapshots, at its current version (whose weights come next, by an
+        `update_weights` of that same version, which then keeps the snapshots as they are)."""
+        if self.snapshots is not None:
+            self.snapshots.load_state_dict(state, self.model)
+        self._version = int(state["version"])
+
     def reset_scheduler(self) -> None:
         """Forget queued requests and the scheduler task (their event loop is being closed)."""
         self._queue = []
         self._batcher = None
+        if self.snapshots is not None:
+            self.snapshots.reset_scheduler()
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
         return self._prefix
 
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        *,
+        seed: int | None = None,
+        cross_policy: bool = True,
     ) -> Generation:
+        """`cross_policy=False`: the current weights whatever the snapshots (evaluation)."""
         if not prompt_ids:
             raise ValueError("generate() needs a non-empty prompt (start it with a BOS token).")
+        if self.snapshots is not None and cross_policy:
+            if seed is not None:
+                lag = draw_lags(self.snapshots.policy, self.seed, [seed])[0]
+            else:
+                u = torch.rand((), generator=self._draws, dtype=torch.float64)
+                lag = draw_lags(self.snapshots.policy, self.seed, [int(u * 2**53)])[0]
+            older = self.snapshots.engine_for(lag) if lag else None
+            if older is not None:
+                return await older.generate(prompt_ids, sampling, seed=seed)
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         self._queue.append(Request(tuple(prompt_ids), sampling, future, seed))
         if self._batcher is None or self._batcher.done():
@@ -224,4 +284,24 @@ class HFEngine:
         return [done[id(r)] for r in requests]
 
 
-__all__ = ["EngineSettings", "HFEngine", "request_uniforms", "sample_from_logits"]
+class CurrentPolicy:
+    """`engine` without its cross-policy snapshots: every request on the current weights
+    (held-out evaluation measures the policy being trained, not the mixture)."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
+    ) -> Generation:
+        return await self.engine.generate(prompt_ids, sampling, seed=seed, cross_policy=False)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(state_dict, version)
+
+
+__all__ = ["CurrentPolicy", "EngineSettings", "HFEngine", "request_uniforms", "sample_from_logits"]
