@@ -223,6 +223,7 @@ class RayRolloutPool:
             "engine_settings": engine_settings,
             "torch_threads": torch_threads or max(1, int(cpus_per_worker)),
         }
+        self._start_timeout_s = start_timeout_s
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
         self._workers = [self._spawn(k) for k in range(num_workers)]
         try:  # fail here, once, rather than as infra failures every step
@@ -334,11 +335,19 @@ class RayRolloutPool:
         worker: Any = _RolloutWorkerActor.options(**self._options).remote(
             self._model_ref, version=self._spawn_version, **self._kwargs
         )
-        for method, ref, version in self._replay:  # calls to one actor run in submission order
-            if method == "load_snapshots":
+        # an async actor runs calls as their arguments arrive, not in submission order: several
+        # (cross-policy snapshots rotate with each) go one at a time, and before any rollout
+        for method, ref, version in self._replay:
+            call = (
                 worker.load_snapshots.remote(ref)
-            else:
-                worker.update_weights.remote(ref, version)
+                if method == "load_snapshots"
+                else worker.update_weights.remote(ref, version)
+            )
+            if len(self._replay) > 1:
+                try:
+                    ray.get(call, timeout=self._start_timeout_s)
+                except (GetTimeoutError, RayError):
+                    break  # a worker that cannot start fails its next call, and is replaced then
         return worker
 
     def _replace(self, index: int, why: str) -> None:
