@@ -154,6 +154,9 @@ class EnvSection(EnvEntry):
     # the train tasks' source: a name in steprl.training.sources.TASK_SOURCES (stream, mixture)
     # or the import path of your own; "auto": stream for one env, mixture for a list
     source: str = "auto"
+    # keyword arguments of the source's factory after (tasks, seed), checked against its
+    # signature when the run starts (e.g. difficulty: {easy: 0.9, hard: 0.1, weights: {...}})
+    source_params: dict[str, Any] = {}
     # modules imported first, by the trainer, the env server and the Ray workers (they register
     # envs); `--plugin MODULE` on the command line adds to them
     plugins: list[str] = []

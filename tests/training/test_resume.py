@@ -108,6 +108,8 @@ VARIANTS = {
         "algorithm.loss_params={}",
         "rollout.cross_policy={snapshots: 3, probs: [0.4, 0.3, 0.3]}",
     ],
+    # the difficulty source's pools (tasks filed by reward, re-served after the checkpoint)
+    "difficulty pools": ["env.source=difficulty", "env.source_params={hard: 0.2, weights: {easy: 0.5}}"],
     # a horizon curriculum killed mid-stage (caps 2, 3, 4, 4), cap-cut episodes masked
     "horizon stepwise": [
         "trainer.curriculum.rounds=[2,3,4]",
@@ -133,6 +135,9 @@ def test_ckpt02_resume_is_bit_identical(tmp_path, cache_dir, extra):
     if "algorithm.kl_ctrl=adaptive" in extra:  # the controller moved, and its state came back
         betas = [r["actor/reward_kl_coef"] for r in _rows(resumed.run_dir) if "actor/reward_kl_coef" in r]
         assert len(set(betas)) == 2 * N
+    if "env.source=difficulty" in extra:  # tasks were served again, after the kill too
+        ids = read_trajectories(resumed.run_dir / "trajectories").column("task_id").to_pylist()
+        assert len(set(ids)) < len(ids) // 4, "no task was re-served from a pool"  # group_size 4
     if "trainer.curriculum.stage_steps=1" in extra:  # each step's tasks ran under its own cap
         info = read_trajectories(resumed.run_dir / "trajectories").column("info_json").to_pylist()
         assert sorted({json.loads(i)["turn_cap"] for i in info}) == [2, 3, 4]

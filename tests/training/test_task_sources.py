@@ -4,6 +4,7 @@ checked against the registry; the stream hands out exactly the env's train split
 
 from __future__ import annotations
 
+import re
 from itertools import islice
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 from steprl.config import ConfigError
 from steprl.training.sources import TASK_SOURCES, make_source, take
 from steprl.training.sources.check import ENVS, check_task_source, synthetic_splits, synthetic_tasks
+from steprl.training.sources.difficulty import DifficultySource
 from steprl.training.sources.stream import StreamSource
+from steprl.types import EndReason, Group, Task, Trajectory
 
 
 @pytest.mark.parametrize("name", sorted(TASK_SOURCES))
@@ -62,7 +65,8 @@ def test_an_env_that_runs_out_leaves_the_mixture_and_a_resume_knows_it():
 
 def test_an_unknown_source_is_one_line_naming_the_allowed_ones():
     with pytest.raises(
-        ConfigError, match=r"env.source: unknown task source 'nope'; use one of \['mixture', 'stream'\]"
+        ConfigError,
+        match=re.escape(f"env.source: unknown task source 'nope'; use one of {sorted(TASK_SOURCES)}"),
     ):
         make_source("nope", lambda: synthetic_tasks(0), 0)
     with pytest.raises(ConfigError, match="env.source 'no_such_module:f': ModuleNotFoundError"):
@@ -78,6 +82,47 @@ def test_a_checkpoint_past_the_end_of_the_split_is_refused():
     source = make_source("stream", lambda: islice(synthetic_tasks(0), 3), 0)
     with pytest.raises(ValueError, match="ended at 3 tasks; the checkpoint is at 5"):
         source.load_state_dict({"cursor": 5, "requeued": []})
+
+
+def _scored(task: Task, reward: float) -> Group:
+    """A group of two episodes with mean reward `reward` (each episode gets it)."""
+    traj = Trajectory(task.id, task.id, task.env, (), reward, EndReason.ANSWERED)
+    return Group(task, (traj, traj))
+
+
+def test_difficulty_pools_re_serve_tasks_by_their_last_group_mean_reward():
+    """Each task's reward is fixed by its number: 1.0 (easy), 0.0 (hard) or 0.5 (normal). With
+    easy and hard weighted 0, only the normal tasks come back, each with a new position."""
+    source = make_source("difficulty", synthetic_splits(4), 4, {"weights": {"easy": 0, "hard": 0}})
+    out: list[tuple[int, Task]] = []
+    while len(out) < 300:
+        got = take(source, 4)
+        out += got
+        for _, task in got:
+            source.observe(_scored(task, (1.0, 0.0, 0.5)[task.params["i"] % 3]))
+    assert isinstance(source, DifficultySource)
+    assert source.sizes()["easy"] > 0 and source.sizes()["hard"] > 0  # filed, never drawn
+    assert [i for i, _ in out] == list(range(len(out)))  # a new position for every hand-out
+    seen: set[str] = set()
+    for _, task in out:
+        if task.id in seen:
+            assert task.params["i"] % 3 == 2, f"{task.id} is easy or hard and came back"
+        seen.add(task.id)
+    again = len(out) - len(seen)
+    assert 100 < again < 200  # normal and unseen weighted 1:1 once the normal pool holds tasks
+
+
+def test_source_params_are_checked_against_the_factory_in_one_line():
+    for params, says in [
+        ({"esay": 0.8}, "env.source_params: unknown key(s) esay; allowed keys: easy, hard, weights"),
+        ({"easy": "high"}, "env.source_params.easy: 'high' is not allowed; allowed values: a number"),
+        ({"weights": {"medium": 1}}, "env.source_params: weights: unknown pool(s) medium; allowed: "),
+        ({"hard": 0.95}, "env.source_params: hard (0.95) must be below easy (0.9)"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            make_source("difficulty", synthetic_splits(0), 0, params)
+    with pytest.raises(ConfigError, match=re.escape("easy; allowed keys: none ('stream' takes no params)")):
+        make_source("stream", synthetic_splits(0), 0, {"easy": 0.9})
 
 
 class _ForgetsRequeued(StreamSource):

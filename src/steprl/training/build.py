@@ -122,7 +122,10 @@ def build(
     controllers = Controllers.for_config(cfg)
     source_name = cfg.env.source_name()
     source = make_source(  # first: an unknown env.source stops the run before the model loads
-        source_name, TaskSplits(run.splits("train", cfg.run.seed), run.weights()), cfg.run.seed
+        source_name,
+        TaskSplits(run.splits("train", cfg.run.seed), run.weights()),
+        cfg.run.seed,
+        cfg.env.source_params,
     )
     if resuming and cfg.model.lora is not None and cfg.model.name != "tiny":
         # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -49,6 +49,12 @@ T = TypeVar("T")
 Weights = Mapping[str, torch.Tensor] | AdapterUpdate
 #: (stream index, finished group): how a producer hands a group back (from any thread)
 Done = Callable[[int, Group], None]
+#: what happens to the task of a group evicted as too stale (`rollout.max_staleness`): requeue:
+#: it runs again, first, on the current weights (long episodes may be overtaken again, and are
+#: trained less: docs/async.md measures it); age_priority: the same, and the learner then waits
+#: for that re-run before it publishes again, so it is trained (at staleness 0), never overtaken
+Eviction = Literal["requeue", "age_priority"]
+EVICTION: tuple[Eviction, ...] = ("requeue", "age_priority")
 
 
 class Producer(Protocol):
@@ -106,6 +112,7 @@ class Pipeline:
         max_staleness: int,
         version: int,
         pending: Sequence[tuple[int, Task]] = (),
+        eviction: Eviction = "requeue",
         snapshot_lag: int = 0,
     ) -> None:
         self.tasks = tasks
@@ -124,6 +131,9 @@ class Pipeline:
         now = time.perf_counter()
         self._idle_since: float | None = now
         self._counters = _Counters(since=now)
+        #: what an evicted group's task gets (EVICTION): with age_priority, the positions of the
+        #: re-runs the learner waits for (each trained in the take that evicted it, at staleness 0)
+        self.eviction, self._owed = eviction, set[int]()
         #: the groups taken since the last `take_metrics`, each with the version it trains at
         self.taken: list[tuple[Finished, int]] = []
         #: the turn cap of the tasks admitted from now on (a horizon curriculum's; None: the
@@ -140,12 +150,15 @@ class Pipeline:
         with self._cv:
             self._top_up()
             while len(picked) < n:
-                self._finished.sort(key=lambda f: (f.oldest, f.index))
-                while self._finished and len(picked) < n:
+                self._finished.sort(key=lambda f: (f.index not in self._owed, f.oldest, f.index))
+                # (age_priority: a place kept for each owed re-run still running)
+                while self._finished and len(picked) + len(self._owed & self._in_flight.keys()) < n:
                     f = self._finished.pop(0)
                     too_old = self.version - f.oldest > self.max_staleness + self.snapshot_lag
                     if too_old or not self._versions_ok(f):
                         self._counters.evicted += 1  # overtaken while it ran: run it again
+                        if self.eviction == "age_priority":
+                            self._owed.add(f.index)
                         self.tasks.requeue(f.index, f.group.task)
                         self._top_up()
                     else:
@@ -153,6 +166,7 @@ class Pipeline:
                 if len(picked) >= n or not (self._in_flight or self._finished):
                     break  # done, or the source ran out with nothing left to wait for
                 self._cv.wait()
+            self._owed -= {f.index for f in picked}
         picked.sort(key=lambda f: f.index)
         for f in picked:
             self.tasks.observe(f.group)

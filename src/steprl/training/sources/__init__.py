@@ -15,15 +15,19 @@ weight in a fixed order, so a source written for one env (as `stream`) runs on s
 A new source is one file here plus one entry in `TASK_SOURCES`; `check_task_source`
 (`sources/check.py`) is what the tests run over every entry. A source of your own needs no
 edit here: `env.source: package.module:attr` names its factory (as `env.name` names an env).
+`env.source_params` are the factory's keyword arguments after (tasks, seed), checked against
+its signature as `algorithm.*_params` are (e.g. `difficulty`'s thresholds and pool weights).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
+from steprl.config_values import check_params
 from steprl.training.components import Stateful, load_attr
+from steprl.training.sources.difficulty import DifficultySource
 from steprl.training.sources.mixture import MixtureSource
 from steprl.training.sources.splits import TaskSplits
 from steprl.training.sources.stream import StreamSource
@@ -49,20 +53,28 @@ class TaskSource(Stateful, Protocol):
         ...
 
 
-#: (the train splits: called, a fresh iterator over all of them from the start; the run seed)
-#: -> a source
-SourceFactory = Callable[[TaskSplits, int], TaskSource]
+#: (the train splits: called, a fresh iterator over all of them from the start; the run seed,
+#: then `env.source_params` as keyword arguments) -> a source
+SourceFactory = Callable[..., TaskSource]
 
 TASK_SOURCES: dict[str, SourceFactory] = {
     "stream": StreamSource,  # the train split(s) in order (several: interleaved by weight)
     "mixture": MixtureSource,  # each position's env drawn by weight, from the run seed
+    # tasks re-served from easy / normal / hard pools by their last group-mean reward, and new
+    # ones (unseen), each position's pool drawn by weight from the run seed
+    "difficulty": DifficultySource,
 }
 
 
-def make_source(name: str, tasks: TaskSplits | Callable[[], Iterator[Task]], seed: int) -> TaskSource:
+def make_source(
+    name: str,
+    tasks: TaskSplits | Callable[[], Iterator[Task]],
+    seed: int,
+    params: Mapping[str, Any] | None = None,
+) -> TaskSource:
     """The source `name` (`env.source`: a name in `TASK_SOURCES`, or the import path
     `package.module:attr` of a factory) over the train splits `tasks` (a bare iterator factory
-    is one env's split)."""
+    is one env's split), with `params` (`env.source_params`) as its keyword arguments."""
     if not isinstance(tasks, TaskSplits):
         tasks = TaskSplits.one(tasks)
     factory = TASK_SOURCES.get(name) or (_from_import_path(name) if ":" in name else None)
@@ -71,7 +83,15 @@ def make_source(name: str, tasks: TaskSplits | Callable[[], Iterator[Task]], see
             f"env.source: unknown task source {name!r}; use one of {sorted(TASK_SOURCES)} "
             "or the import path package.module:attr of your own"
         )
-    return factory(tasks, seed)
+    params = dict(params or {})
+    try:
+        check_params("env.source_params", factory, params, skip=2)
+        return factory(tasks, seed, **params)
+    except ValueError as exc:  # the factory's own checks too (say, thresholds out of order)
+        msg = str(exc) if str(exc).startswith("env.source_params") else f"env.source_params: {exc}"
+        if msg.endswith("allowed keys: "):
+            msg += f"none ({name!r} takes no params)"
+        raise ConfigError(msg) from None
 
 
 def _from_import_path(path: str) -> SourceFactory:
