@@ -130,11 +130,16 @@ class Learner:
         mini_batches: int,
         generator: torch.Generator,
         old_values: Sequence[Sequence[float]] | None = None,
+        envs: Sequence[str] | None = None,
     ) -> dict[str, float]:
         """PPO epochs over the step's rows: shuffle, split into mini-batches, one AdamW step each.
 
         Each mini-batch's loss uses the mini-batch's own token and row counts as denominators,
         accumulated over micro-batches, so micro-batching changes memory, never the gradient.
+
+        `envs` (each row's env, given when the run has several): each mini-batch's rows are then
+        backpropagated env by env, and `grad_share/<env>` is each env's share of the gradient
+        (see `GradShare`); the same passes, in another order, so the update is the same.
         """
         if not samples:
             return {"actor/optimizer_steps": 0.0}
@@ -148,6 +153,7 @@ class Learner:
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms: list[float] = []
+        share = GradShare(self.params) if envs is not None else None
         first_mismatch: float | None = None
         for _epoch in range(epochs):
             for mb in minibatches(len(samples), mini_batches, generator):
@@ -155,21 +161,26 @@ class Learner:
                 n_tokens = float(sum(sum(s.loss_mask) for s in rows))
                 n_seqs = float(sum(1 for s in rows if any(s.loss_mask)))
                 self.optimizer.zero_grad(set_to_none=True)
-                for idx in self._micro_batches(samples, mb):
-                    b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
-                    stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
-                    if first_mismatch is None:  # engine vs learner, before any update
-                        first_mismatch = stats.pop("mismatch")
-                    stats.pop("mismatch", None)
-                    n = float(b.loss_mask.sum())
-                    for key, val in stats.items():
-                        sums[key] = sums.get(key, 0.0) + val * n
-                    tokens_seen += n
+                for part in by_env(mb, envs):
+                    for idx in self._micro_batches(samples, part):
+                        b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
+                        stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
+                        if first_mismatch is None:  # engine vs learner, before any update
+                            first_mismatch = stats.pop("mismatch")
+                        stats.pop("mismatch", None)
+                        n = float(b.loss_mask.sum())
+                        for key, val in stats.items():
+                            sums[key] = sums.get(key, 0.0) + val * n
+                        tokens_seen += n
+                    if share is not None and envs is not None:
+                        share.add(envs[part[0]])
+                if share is not None:
+                    share.reset()
                 grad_norms.append(guarded_step(self.optimizer, self.params, self.grad_clip))
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
         metrics |= grad_metrics("actor", grad_norms, self.grad_spike_norm)
         metrics["actor/engine_logprob_diff_max"] = first_mismatch or 0.0
-        return metrics
+        return metrics | (share.metrics() if share is not None else {})
 
     def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
         """Split a mini-batch's rows into micro-batches (memory only: the loss is the same).
@@ -258,4 +269,46 @@ class Learner:
         return stats
 
 
-__all__ = ["Learner", "Regularizers"]
+def by_env(idx: list[int], envs: Sequence[str] | None) -> list[list[int]]:
+    """A mini-batch's rows, whole (no `envs`) or one part per env (in order of first row)."""
+    if envs is None:
+        return [idx]
+    parts: dict[str, list[int]] = {}
+    for i in idx:
+        parts.setdefault(envs[i], []).append(i)
+    return list(parts.values())
+
+
+class GradShare:
+    """Each env's share of the gradient, from the env-by-env backward passes of a mini-batch.
+
+    The mini-batch's loss is a sum over rows with the mini-batch's denominators, so its gradient
+    is exactly the sum of each env's part, g = sum_e g_e; what an env's passes add to the
+    accumulated `.grad` is g_e. Over the step, share_e = sum ||g_e||^2 / sum_e' ||g_e'||^2 (the
+    squared norms before clipping, summed over mini-batches and epochs; the shares sum to 1, and
+    leave out the cross terms <g_e, g_e'>). Cost: no extra forward or backward pass; one copy of
+    the gradient and one difference per env per mini-batch (as many micro-batches as before,
+    plus at most one per env where a micro-batch would have held rows of two envs)."""
+
+    def __init__(self, params: Sequence[torch.Tensor]) -> None:
+        self.params = params
+        self.squared: dict[str, float] = {}
+        self._before: list[torch.Tensor] | None = None  # the gradient before this env's passes
+
+    def add(self, env: str) -> None:
+        now = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        before = self._before or [torch.zeros_like(g) for g in now]
+        sq = sum(float((a - b).double().square().sum()) for a, b in zip(now, before, strict=True))
+        self.squared[env] = self.squared.get(env, 0.0) + sq
+        self._before = now
+
+    def reset(self) -> None:
+        """A new mini-batch: its gradient starts from zero."""
+        self._before = None
+
+    def metrics(self) -> dict[str, float]:
+        total = sum(self.squared.values())
+        return {f"grad_share/{e}": v / total if total > 0 else 0.0 for e, v in sorted(self.squared.items())}
+
+
+__all__ = ["GradShare", "Learner", "Regularizers", "by_env"]

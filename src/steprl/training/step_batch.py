@@ -151,6 +151,11 @@ class StepBatch:
         return None if not vals or vals[0] is None else [v for v in vals if v is not None]
 
     @property
+    def envs(self) -> tuple[str, ...]:
+        """Each row's env (`task.env`): the learner's per-env gradient shares read it."""
+        return tuple(self.trajectories[r.view.traj_index].env for r in self.rows)
+
+    @property
     def policy_versions(self) -> tuple[int, ...]:
         """The versions that sampled the trained trajectories (all equal when synchronous)."""
         return tuple(sorted({s.policy_version for t in self.trajectories for s in t.steps}))

@@ -317,6 +317,7 @@ def run_step(
         mini_batches=cfg.trainer.mini_batches,
         generator=shuffle_rng,
         old_values=batch.old_values,
+        envs=batch.envs if parts.envs.several else None,  # grad_share/<env>
     )
     if parts.critic is not None and batch.rows and batch.old_values is not None:
         stats |= parts.critic.update(
@@ -345,6 +346,7 @@ def run_step(
     metrics = step_metrics(collected, batch, stats, version, per_env=parts.envs.several)
     metrics |= mixed
     advantages = saved_advantages(collected.rollouts, batch)
+    metrics |= getattr(parts.source, "metrics", dict)()  # a source's own (learning_progress: weights)
     return state, metrics | times | flow, collected.rollouts, advantages
 
 

@@ -28,6 +28,7 @@ from steprl.config import ConfigError
 from steprl.config_values import check_params
 from steprl.training.components import Stateful, load_attr
 from steprl.training.sources.difficulty import DifficultySource
+from steprl.training.sources.learning_progress import LearningProgressSource
 from steprl.training.sources.mixture import MixtureSource
 from steprl.training.sources.splits import TaskSplits
 from steprl.training.sources.stream import StreamSource
@@ -60,6 +61,7 @@ SourceFactory = Callable[..., TaskSource]
 TASK_SOURCES: dict[str, SourceFactory] = {
     "stream": StreamSource,  # the train split(s) in order (several: interleaved by weight)
     "mixture": MixtureSource,  # each position's env drawn by weight, from the run seed
+    "learning_progress": LearningProgressSource,  # mixture weighted by each env's change in success
     # tasks re-served from easy / normal / hard pools by their last group-mean reward, and new
     # ones (unseen), each position's pool drawn by weight from the run seed
     "difficulty": DifficultySource,

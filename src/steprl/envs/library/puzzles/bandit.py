@@ -73,6 +73,9 @@ class BanditEnv(PuzzleEnv):
         reward: "best" (default; 1 for a best arm: this project's choice) | "sampled" (the
             payout drawn with the arm's probability, as RAGEN rewards the chosen arm's payoff) |
             "expected" (the arm's probability); see the module docstring.
+        scale: every reward multiplied by it (success is unchanged): several bandits of
+            different reward scales in one run are the test bed of per-env advantage
+            normalisation (`algorithm.task_normalize`, benchmarks/steering_mixture.py).
         max_invalid_actions, format_penalty: see `PuzzleEnv`.
     """
 
@@ -86,6 +89,7 @@ class BanditEnv(PuzzleEnv):
         self,
         *,
         reward: RewardMode = "best",
+        scale: float = 1.0,
         max_invalid_actions: int = 3,
         format_penalty: float = -0.1,
     ) -> None:
@@ -95,6 +99,7 @@ class BanditEnv(PuzzleEnv):
             max_steps=None, max_invalid_actions=max_invalid_actions, format_penalty=format_penalty
         )
         self.reward: RewardMode = reward
+        self.scale = scale
         self.arms: list[str] = []
         self.probs: list[float] = []
         self.pulls = 1
@@ -137,7 +142,11 @@ class BanditEnv(PuzzleEnv):
         done = len(self.log) >= self.pulls
         # Success: every pull went to a best arm (whatever the payouts were).
         success = done and self._best_pulls == self.pulls
-        return score / self.pulls, done, {"arm": move, "payout": payout, "best_arm": best, "success": success}
+        return (
+            self.scale * score / self.pulls,
+            done,
+            {"arm": move, "payout": payout, "best_arm": best, "success": success},
+        )
 
 
 # --- tasks ----------------------------------------------------------------------------------
