@@ -32,7 +32,7 @@ def _corridor(k: int) -> Task:
 
 
 def _walk(tokenizer: Any, task: Task, cap: int) -> Trajectory:
-    keys = [a if x > y else b for a, x, b, y in task.params["rooms"]]
+    keys = ["L" if x > y else "R" for x, y in task.params["rooms"]]
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     engine = ScriptedEngine([f"<answer>{k}</answer>" for k in keys], encode)
     return asyncio.run(

@@ -1,9 +1,11 @@
 """A corridor of k rooms (a synthetic horizon env): a task that needs exactly k turns.
 
-Each room has two doors, each a two-letter key with a number, e.g. ``ab 3 cd 7``; the agent
-opens the door with the higher number by answering its key, ``<answer>cd</answer>``, and the
-next room is shown. A wrong door keeps it in the same room (the turn is spent), so a perfect
-episode takes exactly k turns and every mistake costs one more. Reaching the end of the
+Each room has two doors, left and right, each with a number, shown as ``3 7``; the agent opens
+the door with the higher number, ``<answer>R</answer>`` (L or R, any case, or left / right),
+and the next room is shown. A wrong door keeps it in the same room (the turn is spent), so a
+perfect episode takes exactly k turns and every mistake costs one more. (Doors named by random
+keys to copy were tried first: the tiny char-level model did not learn to copy them in a short
+warm start.) Reaching the end of the
 corridor is the only reward (1). `k` is drawn per task from ``k_min..k_max`` (task params),
 and the prompt says how many rooms there are.
 
@@ -31,16 +33,17 @@ from steprl.types import Task
 
 ENV_NAME = "corridor"
 SYSTEM_PROMPT = (
-    "Walk through every room of the corridor. Each room shows two doors as 'key number'; "
-    "open the one with the higher number by answering its key: <answer>key</answer>."
+    "Walk through every room of the corridor. Each room shows the numbers on its left and right "
+    "doors; open the one with the higher number: <answer>L</answer> or <answer>R</answer>."
 )
 _MAX_REJECTIONS = 100_000
 
-Room = tuple[str, int, str, int]  # (left key, its number, right key, its number)
+Room = tuple[int, int]  # the numbers on the left and the right door
+_DOORS = {"l": "L", "left": "L", "r": "R", "right": "R"}
 
 
 def render_room(room: Room) -> str:
-    return f"{room[0]} {room[1]} {room[2]} {room[3]}"
+    return f"{room[0]} {room[1]}"
 
 
 def render_prompt(rooms: Sequence[Room]) -> str:
@@ -48,7 +51,7 @@ def render_prompt(rooms: Sequence[Room]) -> str:
 
 
 def right_key(room: Room) -> str:
-    return room[0] if room[1] > room[3] else room[2]
+    return "L" if room[0] > room[1] else "R"
 
 
 class CorridorEnv(PuzzleEnv):
@@ -60,7 +63,7 @@ class CorridorEnv(PuzzleEnv):
 
     name = ENV_NAME
     tool_name = "open"
-    move_hint = "answer a door's key"
+    move_hint = "answer L or R"
     unknown_move = "no such door"
     system_prompt = SYSTEM_PROMPT
 
@@ -72,7 +75,7 @@ class CorridorEnv(PuzzleEnv):
         self.at = 0  # the room the agent is in
 
     def _load(self, task: Task, seed: int) -> None:
-        self.rooms = [(str(a), int(x), str(b), int(y)) for a, x, b, y in task.params["rooms"]]
+        self.rooms = [(int(x), int(y)) for x, y in task.params["rooms"]]
         if not self.rooms:
             raise ValueError(f"corridor task {task.id!r} has no rooms.")
         self.at = 0
@@ -81,9 +84,7 @@ class CorridorEnv(PuzzleEnv):
         return render_room(self.rooms[self.at])
 
     def _parse(self, text: str) -> str | None:
-        key = text.strip().lower()
-        room = self.rooms[self.at]
-        return key if key in (room[0], room[2]) else None
+        return _DOORS.get(text.strip().lower())
 
     def _apply(self, move: str) -> tuple[float, bool, dict[str, Any]]:
         right = move == right_key(self.rooms[self.at])
@@ -100,10 +101,10 @@ def make_tasks(
 ) -> Iterator[Task]:
     """`n` corridors of `split` (infinitely many when None), the same ones for the same seed.
 
-    Each has k rooms, k uniform in ``k_min..k_max``; a room's two keys are distinct pairs of
-    lowercase letters and its two numbers distinct digits. The split is decided by the hash of
-    the prompt (the room count and the first room). ``Task.params``: ``rooms`` (a tuple of
-    (key, number, key, number)), ``k``; ``Task.answer``: the last room's right key.
+    Each has k rooms, k uniform in ``k_min..k_max``; a room's two numbers are distinct digits.
+    The split is decided by the hash of the prompt (the room count and the first room), so a
+    first room may recur in both splits with other rooms after it. ``Task.params``: ``rooms`` (a
+    tuple of (left, right) numbers), ``k``; ``Task.answer``: the last room's door (L or R).
     """
     check_split(split, n)
     if not 1 <= k_min <= k_max <= 20:
@@ -136,12 +137,8 @@ def _stream(split: str, seed: int, n: int | None, k_min: int, k_max: int) -> Ite
 
 
 def _room(rng: random.Random) -> Room:
-    keys: set[str] = set()
-    while len(keys) < 2:
-        keys.add("".join(rng.choices(string.ascii_lowercase, k=2)))
-    left, right = sorted(keys, key=lambda _: rng.random())
     x, y = rng.sample(range(10), 2)
-    return (left, x, right, y)
+    return (x, y)
 
 
 # --- scripted policies ----------------------------------------------------------------------
@@ -152,8 +149,8 @@ def _current(task: Task, history: Sequence[tuple[str, str]]) -> Room:
     shown = [task.prompt.split("\n")[-1]] + [obs.strip("\n") for _, obs in history]
     for text in reversed(shown):
         parts = text.split()
-        if len(parts) == 4 and parts[1].isdigit() and parts[3].isdigit():
-            return (parts[0], int(parts[1]), parts[2], int(parts[3]))
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            return (int(parts[0]), int(parts[1]))
     raise ValueError(f"no room shown in task {task.id!r}")
 
 
@@ -164,19 +161,18 @@ def expert(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -
 
 def guess(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
     """Open either door at random."""
-    room = _current(task, history)
-    return answer(rng.choice((room[0], room[2])))
+    return answer(rng.choice("LR"))
 
 
 def random_policy(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
-    """Doors, unknown keys, numbers and malformed text."""
+    """Doors in every spelling, numbers, unknown words and malformed text."""
     room = _current(task, history)
     options = (
-        lambda: answer(rng.choice((room[0], room[2]))),
+        lambda: answer(rng.choice(["L", "r", " left ", "RIGHT"])),
         lambda: answer(str(room[1])),
         lambda: answer("".join(rng.choices(string.ascii_lowercase, k=2))),
-        lambda: room[0],
-        lambda: f"<answer>{room[2]}",
+        lambda: "R",
+        lambda: "<answer>L",
         lambda: "".join(rng.choice("abcdefgh <>/0123") for _ in range(rng.randint(0, 10))),
     )
     return rng.choice(options)()
