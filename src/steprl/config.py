@@ -122,6 +122,10 @@ class RolloutSection(Section):
     # asynchronous training: rollouts may run this many policy versions ahead of the learner
     # (0: synchronous; training/pipeline.py states the rule, docs/async.md what it buys)
     max_staleness: int = Field(0, ge=0)
+    # a group evicted for staleness: "requeue" (runs again when its turn comes) or "age_priority"
+    # (the step that evicted it waits for its re-run: long episodes re-run less, the learner waits
+    # more; docs/async.md has the numbers)
+    eviction: Literal["requeue", "age_priority"] = "requeue"
     # cross-policy sampling: each turn from one of the K latest policy versions (needs a loss
     # that reads the proximal policy, e.g. algorithm.policy_loss=decoupled_ppo); absent: off
     cross_policy: CrossPolicySection | None = None

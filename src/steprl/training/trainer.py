@@ -269,6 +269,7 @@ def start_pipeline(
         version=state.policy_version,
         pending=state.pending,
         snapshot_lag=cross_policy_lag(cfg),
+        eviction=cfg.rollout.eviction,
     )
 
 
