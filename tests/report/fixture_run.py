@@ -1,9 +1,11 @@
 """A small fixed run directory for the report's tests, written with the real writers: two train
 steps (one group of two per step, advantages saved), held-out episodes at steps 0 and 2 (task
-eval-0 failed at the warm start and solved at the end), metrics.jsonl and config.yaml."""
+eval-0 failed at the warm start and solved at the end), metrics.jsonl (with the health signals)
+and config.yaml, and health.jsonl: two health rules fired, at steps 1 and 2."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -72,8 +74,33 @@ def make_run(root: Path, name: str = "fixture", **config_changes: dict) -> Path:
                 "end_frac/answered": 0.5 + 0.25 * step,
                 "end_frac/truncated": 0.5 - 0.25 * step,
                 "env/calculator/success_rate": 0.5,
+                "health/entropy_drop": 3.0 if step == 1 else 0.5,
+                "health/grad_norm_z": 7.3 if step == 2 else 0.0,
+                "health/firings": 1,
             }
             if step == 2:
                 metrics |= {"eval/success": 1.0, "eval/tool_call_rate": 1.0}
             sink.log(step, metrics)
+    (run / "health.jsonl").write_text("".join(json.dumps(f) + "\n" for f in FIRINGS))
     return run
+
+
+#: what the trainer writes to health.jsonl when a rule fires (one line per firing)
+FIRINGS = [
+    {
+        "step": 1,
+        "rule": "entropy_collapse",
+        "signals": {"entropy_drop": 3.0},
+        "actions": ["alert", "entropy_bonus"],
+        "outcome": "alert; entropy bonus 0.01",
+        "acted": True,
+    },
+    {
+        "step": 2,
+        "rule": "grad_blowup",
+        "signals": {"grad_norm_z": 7.3, "approx_kl": 0.4},
+        "actions": ["alert", "rollback", "lr_scale"],
+        "outcome": "alert; rollback 2 step(s): restored step 0; lr scale 1 -> 0.5",
+        "acted": True,
+    },
+]

@@ -8,10 +8,12 @@ for a larger |A|, scaled to the step's largest; plain where there is none: a hel
 or one not trained on), the prompt and observations dimmed and labelled as masked (never
 trained), each turn's reward (and its components) and policy version, and the end reason.
 `--eval` reads the held-out evaluations (`eval_trajectories/`) instead of the training steps.
+Below a summary, one line lists the run's health-rule firings (health.jsonl), if it has any.
 
-Reads only the run directory: the Parquet files (`sinks.TrajectoryWriter`) and, to split a turn
-into its tokens' text, the `tokenizer.json` of one of the run's checkpoints (without one, each
-turn is one piece coloured by its mean advantage). Bad input is one line naming what exists.
+Reads only the run directory: the Parquet files (`sinks.TrajectoryWriter`), health.jsonl and,
+to split a turn into its tokens' text, the `tokenizer.json` of one of the run's checkpoints
+(without one, each turn is one piece coloured by its mean advantage). Bad input is one line
+naming what exists.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from steprl.diagnostics.metrics import is_success
-from steprl.diagnostics.sinks import read_trajectories
+from steprl.diagnostics.sinks import read_metrics_jsonl, read_trajectories
 from steprl.errors import UserError
 from steprl.types import NOT_TRAINABLE, EndReason, Trajectory
 
@@ -53,6 +55,9 @@ def show_run(
     what = "evaluation" if evaluated else "step"
     if task is None:
         console.print(summary(rows, f"{run.name}: {what} {step}", steps))
+        line = health_line(run / "health.jsonl")
+        if line:
+            console.print(line, highlight=False)
         return
     episodes = [r for r in rows if r["task_id"] == task]
     if not episodes:
@@ -201,6 +206,22 @@ def summary(rows: Sequence[dict[str, Any]], title: str, steps: Sequence[int]) ->
     return Group(table, Text(line))
 
 
+def health_line(path: Path, most: int = 8) -> str | None:
+    """`health: N firings (rule at step, ...)` from the trainer's health.jsonl (the run's, not one
+    step's: a rule that fired is worth seeing whichever step is shown); None without the file.
+    Damaged lines are left out, as the report leaves them."""
+    if not path.is_file():
+        return None
+    firings = [f for f in read_metrics_jsonl(path, skip_bad=lambda _: None) if isinstance(f.get("rule"), str)]
+    if not firings:
+        return "health: no rule fired"
+    shown = [f"{f['rule']} at {f.get('step', '?')}" for f in firings[:most]]
+    more = f", ... {len(firings) - most} more" if len(firings) > most else ""
+    observed = "; observed only (health.act: false)" if not any(f.get("acted") for f in firings) else ""
+    plural = "" if len(firings) == 1 else "s"
+    return f"health: {len(firings)} firing{plural} ({', '.join(shown)}{more}){observed}"
+
+
 # -- one episode, turn by turn -----------------------------------------------------------------
 
 
@@ -284,6 +305,7 @@ __all__ = [
     "advantage_style",
     "compact",
     "episodes_dir",
+    "health_line",
     "render_episode",
     "show_run",
     "summary",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from steprl.report import config_section, curves, episodes, learning_diff, placeholders, steering
+from steprl.report import config_section, curves, episodes, health, learning_diff, steering
 from steprl.report.run_data import RunData, empty_run
 
 #: the renderers the page's own script defines (report/script.py)
@@ -32,7 +32,7 @@ SECTIONS: dict[str, SectionSpec] = {
     "curves": SectionSpec("Curves", curves.build, "curves"),
     "learning_diff": SectionSpec("Learning diff", learning_diff.build, "learning_diff"),
     "episodes": SectionSpec("Episodes", episodes.build, "episodes"),
-    "alarms": SectionSpec("Alarms and interventions", placeholders.nothing_yet, "table"),
+    "alarms": SectionSpec("Alarms and interventions", health.build, health.RENDERER, health.SCRIPT),
     "curriculum": SectionSpec("Curriculum stages", steering.curriculum, "table"),
     "env_weights": SectionSpec("Per-env weights", steering.env_weights, "table"),
 }

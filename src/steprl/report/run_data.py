@@ -1,5 +1,6 @@
-"""What a report reads from a run directory, loaded once: the config, the metrics rows, the saved
-train and held-out episodes, and the run's tokenizer (for the text of each token).
+"""What a report reads from a run directory, loaded once: the config, the metrics rows, the health
+rules' firings (health.jsonl), the saved train and held-out episodes, and the run's tokenizer
+(for the text of each token).
 
 `RunData` is what every section's function receives; `vs` holds the runs it is compared with
 (`steprl report RUN --vs RUN2`), each a `RunData` of its own with no `vs`. Nothing here renders.
@@ -18,6 +19,8 @@ import pyarrow as pa
 import yaml
 
 from steprl.diagnostics.sinks import TRAJECTORY_SCHEMA, read_metrics_jsonl, read_trajectories
+
+HEALTH_FILE = "health.jsonl"  # the trainer's record of each health rule's firing, one JSON line each
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,9 @@ class TokenText:
 @dataclass(frozen=True)
 class RunData:
     """One run as a report sees it. Tables have `TRAJECTORY_SCHEMA`'s columns (empty when the run
-    saved none); `metrics` holds the rows of metrics.jsonl in order."""
+    saved none); `metrics` holds the rows of metrics.jsonl in order, `health` the firings of
+    health.jsonl in order (each {step, rule, signals, actions, outcome, acted}, as the trainer
+    writes them; empty when no rule fired or health was off)."""
 
     path: Path
     label: str
@@ -76,12 +81,13 @@ class RunData:
     caps: Caps = Caps()
     vs: tuple[RunData, ...] = ()
     notes: tuple[str, ...] = field(default=())  # what could not be read, shown on the page
+    health: tuple[Mapping[str, Any], ...] = ()
 
 
 def empty_run(label: str = "empty", config: Mapping[str, Any] | None = None) -> RunData:
     """A run with nothing recorded: what every section must render without raising."""
     none = TRAJECTORY_SCHEMA.empty_table()
-    return RunData(Path("."), label, dict(config or {}), (), none, none, TokenText(None))
+    return RunData(Path("."), label, dict(config or {}), (), none, none, TokenText(None), health=())
 
 
 def load_run(
@@ -109,6 +115,7 @@ def load_run(
     metrics: list[dict[str, Any]] = []
     if (path / "metrics.jsonl").exists():
         metrics = read_metrics_jsonl(path / "metrics.jsonl", skip_bad=notes.append)
+    health = read_health(path / HEALTH_FILE, notes.append)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         train = _episodes(path / "trajectories") if episodes else TRAJECTORY_SCHEMA.empty_table()
@@ -120,7 +127,24 @@ def load_run(
             notes.append(note)
     tokens = TokenText(decode, note="" if decode or not episodes else "no tokenizer: tokens shown as ids")
     label = run_label(path, config)
-    return RunData(path, label, config, tuple(metrics), train, evals, tokens, caps, tuple(vs), tuple(notes))
+    return RunData(
+        path, label, config, tuple(metrics), train, evals, tokens, caps, tuple(vs), tuple(notes), health
+    )
+
+
+def read_health(path: Path, skip_bad: Callable[[str], None]) -> tuple[dict[str, Any], ...]:
+    """The firings `path` (<run_dir>/health.jsonl) records, in order; none without the file. A line
+    that is not a firing (not JSON, no integer step, no rule name) is skipped and told to
+    `skip_bad`, as a damaged metrics line is: one bad line must not cost the report."""
+    if not path.exists():
+        return ()
+    firings = []
+    for row in read_metrics_jsonl(path, skip_bad=skip_bad):
+        if not isinstance(row.get("step"), int) or not isinstance(row.get("rule"), str):
+            skip_bad(f"{path}: a line with no integer step or no rule name (keys {sorted(row)}); dropped")
+            continue
+        firings.append(row)
+    return tuple(firings)
 
 
 def run_label(run_dir: Path, config: Mapping[str, Any] | None = None) -> str:

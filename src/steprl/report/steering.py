@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from steprl.report.placeholders import NONE_RECORDED
 from steprl.report.run_data import RunData
 
+NONE_RECORDED = "none recorded"
 CAP_KEY = "curriculum/max_turns"
 CUT_KEY = "curriculum/cut_by_cap_frac"
 
