@@ -77,7 +77,9 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         apps,
         calculator,
         code_interpreter,
+        collapse,
         echo,
+        guess_number,
         horizon,
         latency,
         puzzles,
@@ -108,6 +110,8 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         "search": search.SPEC,
         "echo": echo.SPEC,  # trivial: transport benchmarks and the backend conformance suite
         "corridor": horizon.SPEC,  # needs exactly k turns: horizon curricula (benchmarks/steering_horizon.py)
+        **collapse.SPECS,  # calculator_phrase, calculator_flat: induced collapses (benchmarks/health.py)
+        "guess_number": guess_number.SPEC,  # a probe tool the policy may abandon (tool abandonment)
     }
 
 
