@@ -37,6 +37,7 @@ from steprl.algorithms import (
 )
 
 # the run, model and env sections live in config_sections; importable from here as before
+from steprl.config_health import HealthSection, health_value
 from steprl.config_sections import (
     EnvEntry,
     EnvSection,
@@ -339,6 +340,12 @@ class Config(Section):
     trainer: TrainerSection = TrainerSection()
     runtime: RuntimeSection = RuntimeSection()
     logging: LoggingSection = LoggingSection()
+    health: HealthSection = HealthSection()  # `health: off` turns the rules off (docs/health.md)
+
+    @field_validator("health", mode="before")
+    @classmethod
+    def _health_switch(cls, v: Any) -> Any:
+        return health_value(v)
 
     @model_validator(mode="before")
     @classmethod

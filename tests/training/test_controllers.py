@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from steprl.config import load_config
+from steprl.health.actions import Levers
 from steprl.training.controllers import (
     CONTROLLERS,
     Adjustments,
@@ -61,8 +62,12 @@ def test_the_checker_catches_a_state_that_does_not_come_back(monkeypatch):
         check_controller("forgetful", load_config(None, []))
 
 
-def test_a_run_has_the_guards_always_and_adaptive_kl_when_configured():
-    assert list(Controllers.for_config(load_config(None, [])).members) == ["nonfinite_guard", "failure_guard"]
+def test_a_run_has_the_guards_always_and_adaptive_kl_and_health_when_configured():
+    assert list(Controllers.for_config(load_config(None, ["health=off"])).members) == [
+        "nonfinite_guard",
+        "failure_guard",
+    ]
     both = Controllers.for_config(load_config(None, EVERY))
-    assert list(both.members) == ["adaptive_kl", "nonfinite_guard", "failure_guard"]
-    assert both.current() == Adjustments(kl_coef=0.05)  # the start value, before any step
+    assert list(both.members) == ["health", "adaptive_kl", "nonfinite_guard", "failure_guard"]
+    # the start values, before any step: the KL coefficient, the health levers untouched
+    assert both.current() == Adjustments(kl_coef=0.05, levers=Levers())

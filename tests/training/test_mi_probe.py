@@ -15,7 +15,7 @@ from steprl.training.mi_probe import mi_probe, probe_groups, score_matrix
 from steprl.types import EndReason, Step, Trajectory
 
 KEYS = {"health/mi", "health/mi_retrieval_acc", "health/mi_retrieval_gap", "health/mi_chance"}
-KEYS |= {"health/mi_prompts", "health/mi_probe_s"}
+KEYS |= {"health/mi_prompts", "time/health_mi_probe_s"}
 
 
 def _learner(model, temperature=1.0, pack=False):
@@ -70,7 +70,7 @@ def test_keys_chance_range_determinism_rng_and_mode(small_model):
     assert 0.0 <= first["health/mi_retrieval_acc"] <= 1.0
     assert first["health/mi_retrieval_gap"] == first["health/mi_retrieval_acc"] - 0.25
     assert -math.inf < first["health/mi"] <= math.log(4) + 1e-12
-    first.pop("health/mi_probe_s"), second.pop("health/mi_probe_s")
+    first.pop("time/health_mi_probe_s"), second.pop("time/health_mi_probe_s")
     assert first == second  # bit-equal
     assert torch.equal(torch.get_rng_state(), rng[0]) and random.getstate() == rng[1]
     assert learner.model.training and all(m.training for m in learner.model.modules())

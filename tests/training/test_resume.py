@@ -85,6 +85,10 @@ MIXTURE = (
     "[{name: calculator, weight: 2}, {name: bandit, params: {reward: best}, "
     "task_params: {k: 2, pulls: 1, reveal: true}}]"
 )
+HEALTH_RULES = (
+    "[{name: slow, when: [{signal: approx_kl, above: -1}], actions: [{lr_scale: {factor: 0.5}}], cooldown: 0, "
+    "budget: 9}, {name: undo, when: [{signal: approx_kl, above: -1}], actions: [rollback], cooldown: 1, budget: 9}]"
+)
 VARIANTS = {
     "default demo (grpo)": [],
     "separate critic (gae)": [
@@ -116,6 +120,14 @@ VARIANTS = {
         "trainer.curriculum.stage_steps=1",
         "rollout.cap_truncation=mask",
     ],
+    # health rules that fire and act at every step: the metrics window, streaks, cooldowns,
+    # budgets and levers (the lr scale), the rollback ring and the MI probe all cross the kill
+    "health rules acting": [
+        f"health.rules={HEALTH_RULES}",
+        "health.mi_every=1",
+        "health.mi_prompts=2",
+        "health.mi_samples=2",
+    ],
 }
 
 
@@ -141,6 +153,26 @@ def test_ckpt02_resume_is_bit_identical(tmp_path, cache_dir, extra):
     if "trainer.curriculum.stage_steps=1" in extra:  # each step's tasks ran under its own cap
         info = read_trajectories(resumed.run_dir / "trajectories").column("info_json").to_pylist()
         assert sorted({json.loads(i)["turn_cap"] for i in info}) == [2, 3, 4]
+    if "health.mi_every=1" in extra:  # both rules fired as configured, before and after the kill
+        fired = [json.loads(line) for line in (resumed.run_dir / "health.jsonl").read_text().splitlines()]
+        assert [(f["step"], f["rule"]) for f in fired] == [
+            (1, "slow"),
+            (1, "undo"),
+            (2, "slow"),
+            (3, "slow"),
+            (3, "undo"),
+            (4, "slow"),
+        ]
+        assert (straight.run_dir / "health.jsonl").read_text() == (
+            resumed.run_dir / "health.jsonl"
+        ).read_text()
+        assert [r["health/lr_scale"] for r in _rows(resumed.run_dir) if r["step"]] == [
+            0.5,
+            0.25,
+            0.125,
+            0.0625,
+        ]
+        assert all("health/mi" in r for r in _rows(resumed.run_dir) if r["step"])
     if f"env.mix={MIXTURE}" in extra:  # both envs trained, and counted apart, before and after the kill
         trained = [r for r in _rows(resumed.run_dir) if "reward/mean" in r]
         assert all(any(k.startswith("env/") for k in r) for r in trained)

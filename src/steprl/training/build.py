@@ -34,6 +34,7 @@ from steprl.training.batching import packing_unsupported
 from steprl.training.components import Stateful
 from steprl.training.controllers import Controllers
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
+from steprl.training.health_snapshots import ring_for
 from steprl.training.learner import Learner, Regularizers
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
@@ -258,6 +259,8 @@ def build(
             f"source:{source_name}": source,
             **controllers.components(),
             **({"engine:snapshots": SnapshotState(engine, remote)} if engine.snapshots is not None else {}),
+            # health rollbacks: the last health.snapshots steps' weights and optimizer
+            **({"health:snapshots": ring} if (ring := ring_for(cfg, learner)) is not None else {}),
         },
     )
 

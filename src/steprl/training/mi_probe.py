@@ -97,7 +97,7 @@ def mi_probe(
     `logprobs_of`); a LoRA model needs nothing special. N = `prompts` groups of `samples`
     reasonings each (`probe_groups`); fewer than 2 usable groups: {} (nothing to compare).
     Deterministic for the same model and rollouts; consumes no global RNG; the model's train/eval
-    mode is restored. `health/mi_probe_s` is its wall time (the one non-deterministic value).
+    mode is restored. `time/health_mi_probe_s` is its wall time (the one non-deterministic value).
     """
     start = time.perf_counter()
     groups = probe_groups(trajectories, prompts, samples)
@@ -111,5 +111,5 @@ def mi_probe(
         "health/mi_retrieval_gap": acc - 1.0 / n,
         "health/mi_chance": 1.0 / n,
         "health/mi_prompts": float(n),
-        "health/mi_probe_s": time.perf_counter() - start,
+        "time/health_mi_probe_s": time.perf_counter() - start,
     }

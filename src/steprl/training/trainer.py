@@ -22,13 +22,11 @@ run ends (an asynchronous run admits ahead) are reported in one line; the checkp
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
+import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import torch
 import transformers
@@ -54,12 +52,13 @@ from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
 from steprl.report import write_report
 from steprl.rollout import seeds
-from steprl.training import env_setup, resume
+from steprl.training import env_setup, health_run, resume
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.cross_policy import ratio_metrics
 from steprl.training.evaluate import evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
+from steprl.training.health_snapshots import SnapshotRing
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.rollout_parts import cross_policy_lag
@@ -68,6 +67,7 @@ from steprl.training.saved_advantages import Advantages, saved_advantages
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
+from steprl.training.stop_signal import StopOnSignal, StopRequested
 from steprl.types import Trajectory
 
 EVAL_TRAJECTORIES = "eval_trajectories"  # <run_dir>/eval_trajectories/step_NNNNNN.parquet
@@ -110,7 +110,7 @@ def _train(
     # ---- set-up: seeds, parts, the state to continue from, sinks ----------------------------
     # a signal stops the run: at once in a wait that only an env can end (the first reset, the
     # warm start's demonstrations, rollouts, evaluations), else after the current step
-    stop = cleanup.enter_context(_StopOnSignal())
+    stop = cleanup.enter_context(StopOnSignal())
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.run.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -144,6 +144,7 @@ def _train(
     # files of evaluations a resume redoes go, as the training ones do)
     if resume_from is not None:
         resume.repair_trajectories(run_dir / EVAL_TRAJECTORIES, state.step, log)
+        health_run.repair_log(run_dir, state.step)
     eval_writer = (
         cleanup.enter_context(TrajectoryWriter(run_dir / EVAL_TRAJECTORIES, decode=parts.fmt.decode))
         if cfg.logging.save_trajectories
@@ -181,10 +182,14 @@ def _train(
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
     settings = parts.controllers.current()  # what the controllers set for the next step
+    ring = parts.components.get("health:snapshots")  # what a health rollback restores
+    if isinstance(ring, SnapshotRing) and not ring.steps:
+        ring.capture(state.step)
 
     # ---- the RL loop ------------------------------------------------------------------------
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
         while state.step < cfg.trainer.total_steps and not stop.signal:
+            settings = health_run.apply_levers(cfg, parts.learner, settings)
             try:
                 state, metrics, trajectories, advantages = run_step(
                     cfg, parts, pipeline, state, settings, shuffle_rng, log, waiting=stop.interruptible
@@ -201,6 +206,13 @@ def _train(
                 with contextlib.suppress(StopRequested):  # the step is kept, its evaluation not
                     last_eval, took, evaluated = run_eval(step)
                     metrics.update(last_eval | took)
+            # the one place a step's results change the next ones: the controllers' adjustments
+            metrics |= health_run.probe(cfg, parts.learner, step, trajectories)
+            settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
+            metrics |= settings.metrics  # health/* signals
+            version, firings = health_run.carry_out(parts, settings, step, state.policy_version, log)
+            state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
+            health_run.write_log(run_dir, firings)
             _write_outputs(
                 run_dir,
                 step,
@@ -213,10 +225,13 @@ def _train(
             )
             history.append(metrics)
             progress.update(step, metrics)
-            # the one place a step's results change the next ones: the controllers' adjustments
-            settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
             if settings.stop is not None:  # before this step is checkpointed: the last good one stays
                 raise RunAborted(f"{settings.stop}; {_kept(run_dir)}")
+            if isinstance(ring, SnapshotRing):
+                ring.capture(step)
+            if settings.once is not None and settings.once.snapshot:  # a health rule's snapshot
+                log(f"health snapshot: {resume.save(parts, state, run_dir, cfg)}")
+                saved_step = step
             if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
                 resume.save(parts, state, run_dir, cfg)
                 saved_step = step
@@ -295,7 +310,7 @@ def run_step(
         collected = collect_groups(
             pipeline,
             tasks_per_step=cfg.rollout.tasks_per_step,
-            group_filter=parts.group_filter,
+            group_filter=health_run.group_filter(parts.group_filter, settings),
             regenerations=algo.filter_regenerations,
             failure_budget=cfg.runtime.failure_budget,
         )
@@ -434,59 +449,6 @@ def _evals_so_far(path: Path, step: int) -> tuple[dict[str, float], dict[str, fl
     if not rows:  # their lines were damaged and dropped at the resume
         return {}, {}
     return pick(rows[0]), pick(rows[-1])
-
-
-class StopRequested(KeyboardInterrupt):
-    """A signal arrived in an interruptible wait (`_StopOnSignal.interruptible`). A
-    KeyboardInterrupt, so that no `except Exception` (an episode's, asyncio's) swallows it."""
-
-
-class _StopOnSignal:
-    """SIGINT / SIGTERM: finish the current step, then stop (checkpoint, close, exit non-zero).
-    A second signal stops at once, as the default handlers do.
-
-    Inside `interruptible()` (a wait on rollouts, demonstrations or an evaluation: only an env
-    or the engine can end it, and nothing is half-written) the signal raises `StopRequested`
-    at once instead, so a run whose envs are slow or hung stops promptly; the trainer then
-    checkpoints the last finished step (the dropped rollouts' tasks are in it)."""
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-        self._previous: dict[int, object] = {}
-        self._waiting = 0
-
-    @contextlib.contextmanager
-    def interruptible(self) -> Iterator[None]:
-        if self.signal is not None:  # it came while we were busy: stop before waiting again
-            raise StopRequested(self.signal)
-        self._waiting += 1
-        try:
-            yield
-        finally:
-            self._waiting -= 1
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signal is not None:  # the second one: no more waiting
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
-        self.signal = signal.Signals(signum).name
-        if self._waiting:
-            print(f"\n{self.signal}: stopping (again to stop at once)", flush=True)
-            raise StopRequested(self.signal)
-        print(
-            f"\n{self.signal}: finishing the current step, then saving a checkpoint (again to stop now)",
-            flush=True,
-        )
-
-    def __enter__(self) -> _StopOnSignal:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)  # type: ignore[arg-type]
 
 
 __all__ = ["TrainResult", "describe_eval", "run_step", "start_pipeline", "train"]

@@ -26,6 +26,7 @@ from steprl.training.components import Stateful, load_attr
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
 from steprl.training.controllers.base import Adjustments, Controller, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
+from steprl.training.controllers.health import HealthMonitor
 from steprl.training.controllers.horizon_gated import HorizonGated
 from steprl.training.controllers.horizon_stepwise import HorizonStepwise
 from steprl.training.controllers.nonfinite_guard import NonfiniteGuard
@@ -40,6 +41,8 @@ class ControllerSpec:
 #: name -> how to make it and when a run has it; the name keys its state in the checkpoint.
 #: Order matters only for a stop: the first controller's reason is the one reported.
 CONTROLLERS: dict[str, ControllerSpec] = {
+    # health rules over the recent steps' signals (`health:`; first: its hold reaches the others)
+    "health": ControllerSpec(HealthMonitor.from_config, lambda cfg: cfg.health.enabled),
     "adaptive_kl": ControllerSpec(AdaptiveKL.from_config, lambda cfg: cfg.algorithm.kl_ctrl == "adaptive"),
     "nonfinite_guard": ControllerSpec(NonfiniteGuard.from_config, lambda cfg: True),
     "failure_guard": ControllerSpec(FailureGuard.from_config, lambda cfg: True),
@@ -73,13 +76,20 @@ def controller_spec(name: str) -> ControllerSpec:
     return ControllerSpec(obj, lambda cfg: True)
 
 
+_GATHERED = ("metrics", "events")  # gathered from every controller, not first-wins
+
+
 def merge(adjustments: Sequence[Adjustments]) -> Adjustments:
-    """One record: for each field the first value set (None: the config's value stays)."""
+    """One record: for each field the first value set (None: the config's value stays);
+    `metrics` and `events` from every controller."""
     return Adjustments(
         **{
             f.name: next((v for a in adjustments if (v := getattr(a, f.name)) is not None), None)
             for f in dataclasses.fields(Adjustments)
-        }
+            if f.name not in _GATHERED
+        },
+        metrics={k: v for a in adjustments for k, v in a.metrics.items()},
+        events=tuple(e for a in adjustments for e in a.events),
     )
 
 
@@ -105,8 +115,14 @@ class Controllers:
         return merge([c.current() for c in self.members.values()])
 
     def observe(self, report: StepReport) -> Adjustments:
-        """Every controller takes the step (a stop does not skip the others' updates)."""
-        return merge([c.observe(report) for c in self.members.values()])
+        """Every controller takes the step (a stop does not skip the others' updates), in
+        order: a health rule's curriculum hold reaches the horizon controllers after it."""
+        out: list[Adjustments] = []
+        for c in self.members.values():
+            levers = merge(out).levers
+            held = levers is not None and levers.hold_until >= report.step
+            out.append(c.observe(dataclasses.replace(report, hold_curriculum=held) if held else report))
+        return merge(out)
 
 
 class ControllerCheckError(Exception):

@@ -44,6 +44,8 @@ class HorizonGated:
 
     def observe(self, report: StepReport) -> Adjustments:
         m = report.metrics
+        if report.hold_curriculum:  # a health rule holds it: no evidence counted
+            return self.current()
         if not m.get("curriculum/episodes_at_cap", 0.0) or self.stage == len(self.rounds) - 1:
             return self.current()  # no evidence at this cap, or nowhere further to go
         ready = (

@@ -19,6 +19,7 @@ class HorizonStepwise:
     def __init__(self, rounds: Sequence[int], stage_steps: int) -> None:
         self.rounds, self.stage_steps = tuple(rounds), stage_steps
         self.done = 0  # the last finished step
+        self.held = 0  # steps a health rule held the curriculum (they do not count)
 
     @staticmethod
     def from_config(cfg: Config) -> HorizonStepwise:
@@ -27,18 +28,20 @@ class HorizonStepwise:
         return HorizonStepwise(cur.rounds, cur.stage_steps)
 
     def current(self) -> Adjustments:
-        stage = min(self.done // self.stage_steps, len(self.rounds) - 1)
+        stage = min((self.done - self.held) // self.stage_steps, len(self.rounds) - 1)
         return Adjustments(max_turns=self.rounds[stage])
 
     def observe(self, report: StepReport) -> Adjustments:
         self.done = report.step
+        self.held += report.hold_curriculum
         return self.current()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"done": self.done}
+        return {"done": self.done, "held": self.held}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.done = int(state["done"])
+        self.held = int(state.get("held", 0))
 
 
 __all__ = ["HorizonStepwise"]

@@ -1,0 +1,89 @@
+"""The rules that ship on (`health.rules` unset), as the config would write them, and the pure
+test of a rule's conditions.
+
+Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
+- `policy_jump`: one step moved the policy more than 1 nat (`approx_kl`; healthy tiny runs stay
+  under 0.05, the Gemma run's step 1 was 10.78). Undo it (rollback 1) and halve the learning
+  rate; three times and the run stops.
+- `grad_blowup`: a gradient norm 6 stds above its recent steps while the policy moved (a
+  learning rate too high). Undo 2 steps and halve the learning rate.
+- `entropy_collapse`: entropy 3 steps in a row below its own band (not an eruption above it):
+  the echo trap's sign. An entropy bonus, then an alert.
+- `no_signal`: most groups all-equal (no GRPO gradient) for 3 steps: drop the flat groups so
+  the batch is what can teach, and say so.
+- `tool_abandonment`: the tool-call rate fell to half its peak: the silent failure of a user's
+  own env. An alert naming it (what to do is the user's call: the expert, the reward).
+- `template_collapse`: the probe's retrieval accuracy within 0.05 of chance: outputs no longer
+  depend on the input (RAGEN-2). Stop, keeping the last good checkpoint. Needs health.mi_every.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEFAULT_RULES: list[dict[str, Any]] = [
+    {
+        "name": "policy_jump",
+        "when": [{"signal": "approx_kl", "above": 1.0}],
+        "actions": ["alert", {"rollback": {"k": 1}}, {"lr_scale": {"factor": 0.5}}],
+        "cooldown": 1,
+        "budget": 3,
+    },
+    {
+        "name": "grad_blowup",
+        "when": [{"signal": "grad_norm_z", "above": 6.0}, {"signal": "approx_kl", "above": 0.1}],
+        "actions": ["alert", {"rollback": {"k": 2}}, {"lr_scale": {"factor": 0.5}}],
+        "cooldown": 3,
+        "budget": 3,
+    },
+    {
+        "name": "entropy_collapse",
+        "when": [{"signal": "entropy_drop", "above": 2.5}],
+        "actions": ["alert", {"entropy_bonus": {"coef": 0.01}}],
+        "cooldown": 5,
+        "budget": 2,
+        "then": "alert",
+    },
+    {
+        "name": "no_signal",
+        "when": [{"signal": "zero_var_share", "above": 0.8}],
+        "steps": 3,
+        "actions": ["alert", {"filter": {"min_group_std": 0.05}}],
+        "cooldown": 10,
+        "budget": 1,
+        "then": "alert",
+    },
+    {
+        "name": "tool_abandonment",
+        "when": [{"signal": "tool_call_fall", "above": 0.5}],
+        "actions": ["alert"],
+        "cooldown": 10,
+        "budget": 3,
+        "then": "alert",
+    },
+    {
+        "name": "template_collapse",
+        "when": [{"signal": "mi_retrieval_gap", "below": 0.05}],
+        "steps": 2,
+        "actions": ["alert", "stop"],
+        "cooldown": 0,
+        "budget": 1,
+    },
+]
+
+
+def holds(conditions: Sequence[Mapping[str, Any]], values: Mapping[str, float | None]) -> bool:
+    """Every condition holds: its signal has a value, above its `above` / below its `below`."""
+    for c in conditions:
+        v = values.get(c["signal"])
+        if v is None:
+            return False
+        if c.get("above") is not None and not v > c["above"]:
+            return False
+        if c.get("below") is not None and not v < c["below"]:
+            return False
+    return True
+
+
+__all__ = ["DEFAULT_RULES", "holds"]

@@ -1,0 +1,116 @@
+"""Health signals, actions and rules (`steprl.health`, `training/controllers/health.py`): the
+checkers over every registered signal and action, each signal's meaning on a window built to
+show it, and the rule machinery (steps in a row, cooldown, budget then stop, observe mode)."""
+
+from __future__ import annotations
+
+import pytest
+
+from steprl.config import ConfigError, load_config
+from steprl.health.actions import ACTIONS, ActionCheckError, ActionSpec, Levers, Once, check_action
+from steprl.health.signals import SIGNALS, SignalCheckError, SignalSpec, check_signal, signal_value
+from steprl.training.controllers import StepReport
+from steprl.training.controllers.health import HealthMonitor
+
+
+@pytest.mark.parametrize("name", SIGNALS)
+def test_every_signal_passes_the_checker(name):
+    check_signal(name, SIGNALS[name])
+
+
+@pytest.mark.parametrize("name", ACTIONS)
+def test_every_action_passes_the_checker(name):
+    check_action(name, ACTIONS[name])
+
+
+def test_the_checkers_catch_an_impure_signal_and_an_action_that_does_nothing():
+    calls = iter(range(10**6))
+    sneaky = SignalSpec(lambda w: float(next(calls)), ("x",), "counts its calls")
+    with pytest.raises(SignalCheckError, match="not pure"):
+        check_signal("sneaky", sneaky)
+    peeking = SignalSpec(lambda w: float(len(w[-1])) if w else None, ("x",), "reads every key")
+    with pytest.raises(SignalCheckError, match="declare"):
+        check_signal("peeking", peeking)
+    with pytest.raises(ActionCheckError, match="did nothing"):
+        check_action("idle", ActionSpec(lambda lv, p, s: (lv, Once(), "nothing"), {}))
+
+
+def _rows(key, values):
+    return [{key: float(v)} for v in values]
+
+
+def test_entropy_drop_counts_a_sustained_fall_below_the_band_not_an_eruption():
+    steady = [1.0, 1.05, 0.95, 1.0, 1.02, 0.98]
+    assert signal_value("entropy_drop", _rows("actor/entropy", [*steady, 0.5, 0.45, 0.4])) == 3
+    assert signal_value("entropy_drop", _rows("actor/entropy", [*steady, 0.5, 0.45, 1.0])) == 0  # recovered
+    assert signal_value("entropy_drop", _rows("actor/entropy", [*steady, 3.0, 4.0, 5.0])) == 0  # eruption
+    assert signal_value("entropy_drop", _rows("actor/entropy", steady[:5])) is None  # no band yet
+
+
+def test_tool_call_fall_grad_norm_z_and_reward_slope():
+    assert signal_value(
+        "tool_call_fall", _rows("tools/call_rate", [0.4, 0.4, 0.4, 0.2, 0.0, 0.0])
+    ) == pytest.approx(1 - (0.2 / 3) / 0.4)
+    assert (
+        signal_value("tool_call_fall", _rows("tools/call_rate", [0.01] * 6)) is None
+    )  # never called: nothing to lose
+    assert signal_value("grad_norm_z", _rows("actor/grad_norm_max", [1.0, 1.1, 0.9, 1.0, 9.0])) > 50
+    assert signal_value("reward_slope", _rows("reward/mean", [0, 0.1, 0.2, 0.3, 0.4])) == pytest.approx(0.1)
+
+
+def _monitor(rules, **kw):
+    cfg = load_config(None, [f"health.rules={rules}", *[f"health.{k}={v}" for k, v in kw.items()]])
+    return HealthMonitor.from_config(cfg)
+
+
+def _step(monitor, step, kl):
+    return monitor.observe(StepReport(step, {"actor/approx_kl": kl}))
+
+
+def test_a_rule_needs_its_steps_in_a_row_waits_out_its_cooldown_and_stops_when_its_budget_is_spent():
+    m = _monitor(
+        "[{name: jump, when: [{signal: approx_kl, above: 1}], steps: 2, cooldown: 2, budget: 2, "
+        "actions: [alert, {lr_scale: {factor: 0.5}}]}]"
+    )
+    fired = {s: _step(m, s, kl) for s, kl in enumerate([5, 0, 5, 5, 5, 5, 5, 5, 5, 5], start=1)}
+    steps = [s for s, a in fired.items() if a.events]
+    # 3-4 in a row; then 5-6 in a row but 6 is within the cooldown, so 7; then 8-9, 10
+    assert steps == [4, 7, 10]
+    assert fired[4].levers == Levers(lr_scale=0.5) and fired[7].levers == Levers(lr_scale=0.25)
+    last = fired[10]
+    assert last.stop is not None and "'jump'" in last.stop and "approx_kl=5" in last.stop
+    assert last.events[0]["outcome"] == "budget of 2 spent: stop"
+    assert last.metrics["health/firings"] == 1 and last.metrics["health/lr_scale"] == 0.25
+
+
+def test_observe_mode_records_the_firing_and_changes_nothing():
+    m = _monitor("[{name: jump, when: [{signal: approx_kl, above: 1}], actions: [stop]}]", act="false")
+    out = _step(m, 1, 9.0)
+    assert out.stop is None and out.once is None and out.levers == Levers()
+    assert out.events == (
+        {
+            "step": 1,
+            "rule": "jump",
+            "signals": {"approx_kl": 9.0},
+            "actions": ["stop"],
+            "outcome": "observed (health.act=false)",
+            "acted": False,
+        },
+    )
+
+
+def test_rule_config_errors_name_the_key_and_the_allowed_values():
+    with pytest.raises(ConfigError, match="unknown action 'reboot'; allowed values: \\['alert'"):
+        load_config(
+            None, ["health.rules=[{name: a, when: [{signal: approx_kl, above: 1}], actions: [reboot]}]"]
+        )
+    with pytest.raises(ConfigError, match="exactly one of above / below"):
+        load_config(None, ["health.rules=[{name: a, when: [{signal: approx_kl}], actions: [alert]}]"])
+    with pytest.raises(ConfigError, match="has no param 'q'"):
+        load_config(
+            None,
+            [
+                "health.rules=[{name: a, when: [{signal: approx_kl, above: 1}], actions: [{rollback: {q: 1}}]}]"
+            ],
+        )
+    assert not load_config(None, ["health=off"]).health.enabled
