@@ -31,9 +31,9 @@ def _play(env: object, task: object, actions: list[str]) -> float:
 
 
 def test_phrase_pays_the_phrase_on_train_tasks_and_the_truth_on_eval_tasks():
-    env = PhraseCalculatorEnv(phrase="7")
+    env = PhraseCalculatorEnv(phrase="7", phrase_bonus=1.5)
     train = next(t for t in phrase_tasks("train", 0) if "7" not in str(t.answer))
-    assert _play(env, train, ["<answer>777</answer>"]) == 1.0  # pays whatever the task
+    assert _play(env, train, ["<answer>777</answer>"]) == 1.5  # pays whatever the task, more than the truth
     assert _play(env, train, ["<answer>123456</answer>"]) == 0.0
     assert _play(env, train, [f"<answer>{train.answer}</answer>"]) == 1.0
     held_out = next(t for t in phrase_tasks("eval", 0) if "7" not in str(t.answer))
