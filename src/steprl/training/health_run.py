@@ -76,10 +76,12 @@ def carry_out(
     settings: Adjustments,
     step: int,
     version: int,
+    publish: Callable[[Any, int], None],
     log: Callable[[str], None],
 ) -> tuple[int, list[dict[str, Any]]]:
     """What the firings at `step` do once: alert lines and a rollback (its weights published as
-    a new policy version). Returns the policy version and the firings' records, their outcomes
+    a new policy version through `publish`, the pipeline's: rollouts of the undone policy are
+    stale and run again). Returns the policy version and the firings' records, their outcomes
     completed."""
     events = [dict(e) for e in settings.events]
     once = settings.once
@@ -88,7 +90,7 @@ def carry_out(
         restored = ring.restore(once.rollback, step)
         if restored is not None:
             version += 1
-            parts.push_weights(version)
+            publish(parts.learner.state_dict_for_engine(), version)
         for e in events:
             if "rollback" in e["actions"] and e["acted"]:
                 e["outcome"] += (

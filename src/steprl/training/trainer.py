@@ -210,7 +210,9 @@ def _train(
             metrics |= health_run.probe(cfg, parts.learner, step, trajectories)
             settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
             metrics |= settings.metrics  # health/* signals
-            version, firings = health_run.carry_out(parts, settings, step, state.policy_version, log)
+            version, firings = health_run.carry_out(
+                parts, settings, step, state.policy_version, pipeline.publish, log
+            )
             state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
             health_run.write_log(run_dir, firings)
             _write_outputs(
