@@ -390,6 +390,16 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _kl_scale_needs_kl(self) -> Config:
+        rules = self.health.effective_rules() if self.health.enabled else []
+        if self.algorithm.kl_coef == 0 and any(a.name == "kl_scale" for r in rules for a in r.actions):
+            raise ValueError(
+                "health.rules: kl_scale scales algorithm.kl_coef, which is 0 (no KL term, no reference "
+                "policy); set algorithm.kl_coef > 0 or use another action (lr_scale, rollback)"
+            )
+        return self
+
     def derived(self) -> dict[str, int]:
         """Sizes computed once from the config (printed at start)."""
         per_step = self.rollout.tasks_per_step * self.rollout.group_size

@@ -114,3 +114,28 @@ def test_rule_config_errors_name_the_key_and_the_allowed_values():
             ],
         )
     assert not load_config(None, ["health=off"]).health.enabled
+
+
+def test_a_curriculum_hold_keeps_the_horizon_stage_while_it_lasts():
+    from steprl.training.controllers import Controllers
+
+    hold = "[{name: wait, when: [{signal: approx_kl, above: 1}], cooldown: 9, actions: [{curriculum_hold: {steps: 2}}]}]"
+    cfg = load_config(
+        None,
+        [f"health.rules={hold}", "trainer.curriculum.rounds=[2,4,6]", "trainer.curriculum.stage_steps=1"],
+    )
+    run = Controllers.for_config(cfg)
+    caps = [
+        run.observe(StepReport(s, {"actor/approx_kl": 5.0 if s == 2 else 0.0})).max_turns for s in range(1, 6)
+    ]
+    assert caps == [4, 4, 4, 6, 6]  # steps 2 and 3 held: the stage moved on one step at a time after
+
+
+def test_the_docs_name_every_signal_action_and_default_rule():
+    from pathlib import Path
+
+    from steprl.health.rules import DEFAULT_RULES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "health.md").read_text()
+    for name in [*SIGNALS, *ACTIONS, *(r["name"] for r in DEFAULT_RULES)]:
+        assert f"`{name}`" in text, name

@@ -104,7 +104,7 @@ def filter_groups(levers: Levers, p: Params, step: int) -> Result:
 
 
 def curriculum_hold(levers: Levers, p: Params, step: int) -> Result:
-    until = max(levers.hold_until, step + int(p["steps"]))
+    until = max(levers.hold_until, step + int(p["steps"]) - 1)  # `steps` steps, this one the first
     return dataclasses.replace(levers, hold_until=until), Once(), f"curriculum held through step {until}"
 
 
@@ -114,7 +114,7 @@ def stop(levers: Levers, p: Params, step: int) -> Result:
 
 ACTIONS: dict[str, ActionSpec] = {
     "alert": ActionSpec(alert, {}, "one ALERT line naming the rule and its signals"),
-    "snapshot": ActionSpec(snapshot, {}, "a checkpoint of this step, kept beside the periodic ones"),
+    "snapshot": ActionSpec(snapshot, {}, "a checkpoint of this step (trainer.keep_last applies)"),
     "rollback": ActionSpec(
         rollback,
         {"k": 1},
