@@ -69,20 +69,20 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    "lr20": Recipe("configs/health_lr20.yaml", "configs/calculator_tiny.yaml", 24, True),
+    "lr20": Recipe("configs/health_lr20.yaml", "configs/calculator_tiny.yaml", 16, True),
     "phrase": Recipe("configs/health_phrase.yaml", "configs/calculator_tiny.yaml", 40, True),
-    "flat": Recipe("configs/health_flat.yaml", "configs/calculator_tiny.yaml", 40, True),
+    "flat": Recipe("configs/health_flat.yaml", "configs/calculator_tiny.yaml", 24, True),
     "guess": Recipe("configs/health_guess.yaml", "configs/health_guess.yaml", 40, True),
-    "demo": Recipe("configs/calculator_tiny.yaml", "configs/calculator_tiny.yaml", 40, False),
+    "demo": Recipe("configs/calculator_tiny.yaml", "configs/calculator_tiny.yaml", 32, False),
     # the demo at twice its learning rate: healthy, faster-moving (a harder test of false alarms)
     "demo_lr2": Recipe(
-        "configs/calculator_tiny.yaml", "configs/calculator_tiny.yaml", 40, False, ("trainer.lr=2e-4",)
+        "configs/calculator_tiny.yaml", "configs/calculator_tiny.yaml", 32, False, ("trainer.lr=2e-4",)
     ),
     # the demo with Dr. GRPO's advantage (no division by the group's std)
     "demo_drgrpo": Recipe(
         "configs/calculator_tiny.yaml",
         "configs/calculator_tiny.yaml",
-        40,
+        32,
         False,
         ("algorithm.advantage_params={scale_by_std: false}",),
     ),

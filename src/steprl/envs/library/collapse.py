@@ -7,11 +7,11 @@ true reward, so held-out success (``eval/success``: total reward >= 1, `is_succe
 true task's, while the training reward says something else:
 
 * `calculator_phrase` (template collapse): on train tasks an answer whose text contains a
-  fixed phrase (`phrase`, default "7") earns `phrase_bonus` (default 1.5, its own reward
+  fixed phrase (`phrase`, default "7") earns `phrase_bonus` (default 3, its own reward
   component "phrase") whatever the task, more than the exact integer's outcome 1 (which it
   still earns: the expert solves every task, check-env). A reply that no longer depends on
   the input is paid more, and every time. (With the phrase paying 0.9 or 1, as much as a right
-  answer, RL learned the true task instead: held-out success rose, docs/health_results.md.)
+  answer, or 1.5, RL learned the true task instead: held-out success rose, docs/health_results.md.)
 * `calculator_flat` (flat groups): on a stable share `flat_share` (default 0.9) of the train
   tasks, chosen by a hash of the expression, any answer earns 1 and nothing pays a format
   penalty: every group of such a task that answers has one reward, no GRPO signal.
@@ -76,7 +76,7 @@ class PhraseCalculatorEnv(_TrainRewardEnv):
     """On train tasks an answer whose text contains `phrase` earns `phrase_bonus` (component
     "phrase") on top of its true outcome. Eval tasks pay the true calculator."""
 
-    def __init__(self, *, phrase: str = "7", phrase_bonus: float = 1.5, **params: Any) -> None:
+    def __init__(self, *, phrase: str = "7", phrase_bonus: float = 3.0, **params: Any) -> None:
         if not phrase:
             raise ValueError("calculator_phrase: phrase must be a non-empty string, e.g. phrase: '7'.")
         if not 0.0 <= phrase_bonus <= 10.0:
