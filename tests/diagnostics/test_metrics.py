@@ -97,6 +97,7 @@ def test_rollout_metrics_hand_computed() -> None:
         # g1 population std 0.5, g2 std 0
         "reward/group_std_mean": 0.25,
         "reward/zero_variance_group_frac": 0.5,
+        "reward/tiny_std_group_frac": 0.0,  # g1 differs by 0.5, g2 not at all
         "groups/count": 2.0,
         "success/rate": 6 / 8,
         "episode/turns_mean": 12 / 8,
@@ -237,3 +238,13 @@ def test_mean_of_averages_each_key_over_dicts_that_have_it() -> None:
     out = mean_of([{"loss": 1.0, "grad_norm": 2.0}, {"loss": 3.0}, {"loss": 5.0, "grad_norm": 4.0}])
     assert out == {"loss": 3.0, "grad_norm": 3.0}
     assert math.isnan(mean_of([{"g": float("nan")}, {"g": 1.0}])["g"])  # NaN is a signal, kept
+
+
+def test_tiny_std_groups_are_those_that_differ_by_a_hair():
+    from steprl.types import EndReason, Trajectory
+
+    def traj(group: str, reward: float) -> Trajectory:
+        return Trajectory("t", group, "calculator", (), reward, EndReason.ANSWERED)
+
+    batch = [traj("a", 1.0), traj("a", 0.99), traj("b", 1.0), traj("b", 1.0), traj("c", 1.0), traj("c", 0.0)]
+    assert rollout_metrics(batch)["reward/tiny_std_group_frac"] == pytest.approx(1 / 3)

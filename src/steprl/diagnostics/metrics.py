@@ -28,6 +28,7 @@ from steprl.types import NOT_TRAINABLE, EndReason, Trajectory
 
 #: Rewards closer than this count as equal when deciding that a group has zero variance.
 ZERO_VARIANCE_TOL = 1e-8
+TINY_STD = 0.05  # a group whose rewards differ by less (a small per-call cost, rounding) is near-flat
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -104,6 +105,9 @@ def rollout_metrics(
                                     a group with one trainable rollout has std 0
       reward/zero_variance_group_frac  share of groups (with >= 1 trainable rollout) whose rewards
                                     are all equal: groups that give GRPO-style advantages no signal
+      reward/tiny_std_group_frac    share of groups whose rewards differ but whose std is under
+                                    TINY_STD: what dividing by the group's std blows up into
+                                    unit-size advantages (a cost of 0.01 becomes "call less")
       groups/count                  number of such groups
       success/rate                  share of trainable trajectories for which `is_success` holds
       episode/{turns,action_tokens,observation_tokens,total_tokens}_mean, episode/turns_max
@@ -123,6 +127,7 @@ def rollout_metrics(
         by_group[t.group_id].append(t.outcome_reward)
     group_stds = [_pstd(rs) for rs in by_group.values()]
     zero_var = [max(rs) - min(rs) <= ZERO_VARIANCE_TOL for rs in by_group.values()]
+    tiny = [not z and sd < TINY_STD for z, sd in zip(zero_var, group_stds, strict=True)]
 
     successes = [t for t in trainable if is_success(t, success_threshold)]
     calls = [tool_calls(t) for t in trainable]
@@ -138,6 +143,7 @@ def rollout_metrics(
         "reward/max": max(rewards, default=0.0),
         "reward/group_std_mean": _mean(group_stds),
         "reward/zero_variance_group_frac": _mean([float(z) for z in zero_var]),
+        "reward/tiny_std_group_frac": _mean([float(t) for t in tiny]),
         "groups/count": float(len(by_group)),
         "success/rate": len(successes) / len(trainable) if trainable else 0.0,
         "episode/turns_mean": _mean([float(len(t.steps)) for t in trainable]),

@@ -3,16 +3,20 @@ test of a rule's conditions.
 
 Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
 - `policy_jump`: one step moved the policy more than 1 nat (`approx_kl`; healthy tiny runs stay
-  under 0.05, the Gemma run's step 1 was 10.78). Undo it (rollback 1) and halve the learning
-  rate; three times and the run stops.
+  under 0.05, the Gemma run's step 1 was 10.78, lr x20's 83). Undo it (rollback 1) and quarter
+  the learning rate (a jump grows about as lr squared), at every step it happens (no cooldown:
+  a jump left in place is the collapse); a fourth time and the run stops.
 - `grad_blowup`: a gradient norm 6 stds above its recent steps while the policy moved (a
   learning rate too high). Undo 2 steps and halve the learning rate.
 - `entropy_collapse`: entropy 3 steps in a row below its own band (not an eruption above it):
   the echo trap's sign. An entropy bonus, then an alert.
 - `no_signal`: most groups all-equal (no GRPO gradient) for 3 steps: drop the flat groups so
   the batch is what can teach, and say so.
-- `tool_abandonment`: the tool-call rate fell to half its peak: the silent failure of a user's
-  own env. An alert naming it (what to do is the user's call: the expert, the reward).
+- `amplified_noise`: most groups' rewards differ only by a hair (std < 0.05, e.g. a 0.01 cost
+  per call in a group that otherwise all succeed): GRPO divides by that std and trains on the
+  hair as if it were the task. Drop such groups from then on (the `filter` action).
+- `tool_abandonment`: the tool-call rate lost a third of its peak (healthy runs: < 0.05): the
+  silent failure of a user's own env. An alert naming it (what to do is the user's call: the expert, the reward).
 - `template_collapse`: the probe's retrieval accuracy within 0.05 of chance: outputs no longer
   depend on the input (RAGEN-2). Stop, keeping the last good checkpoint. Needs health.mi_every.
 """
@@ -26,8 +30,8 @@ DEFAULT_RULES: list[dict[str, Any]] = [
     {
         "name": "policy_jump",
         "when": [{"signal": "approx_kl", "above": 1.0}],
-        "actions": ["alert", {"rollback": {"k": 1}}, {"lr_scale": {"factor": 0.5}}],
-        "cooldown": 1,
+        "actions": ["alert", {"rollback": {"k": 1}}, {"lr_scale": {"factor": 0.25}}],
+        "cooldown": 0,
         "budget": 3,
     },
     {
@@ -55,8 +59,16 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "then": "alert",
     },
     {
+        "name": "amplified_noise",
+        "when": [{"signal": "tiny_std_share", "above": 0.5}],
+        "actions": ["alert", {"filter": {"min_group_std": 0.05}}],
+        "cooldown": 10,
+        "budget": 1,
+        "then": "alert",
+    },
+    {
         "name": "tool_abandonment",
-        "when": [{"signal": "tool_call_fall", "above": 0.5}],
+        "when": [{"signal": "tool_call_fall", "above": 0.3}],
         "actions": ["alert"],
         "cooldown": 10,
         "budget": 3,

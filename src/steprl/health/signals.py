@@ -118,7 +118,7 @@ def entropy_z(window: Window) -> float | None:
 def grad_norm_z(window: Window) -> float | None:
     """z-score of the current step's pre-clip `actor/grad_norm_max` against the earlier steps'."""
     xs = _series(window, "actor/grad_norm_max")
-    if len(xs) < 4:
+    if len(xs) < 6:  # a band of 5 steps: fewer spike on ordinary noise
         return None
     mean, std = _band(xs[:-1])
     return (xs[-1] - mean) / std
@@ -145,6 +145,11 @@ SIGNALS: dict[str, SignalSpec] = {
         ("reward/zero_variance_group_frac",),
         "share of groups whose rewards are all equal (no GRPO gradient), last 3 steps",
     ),
+    "tiny_std_share": SignalSpec(
+        _latest("reward/tiny_std_group_frac"),
+        ("reward/tiny_std_group_frac",),
+        "share of groups whose rewards differ by a std under 0.05 (GRPO's std division amplifies it)",
+    ),
     "group_std": SignalSpec(
         _mean_last("reward/group_std_mean", 3),
         ("reward/group_std_mean",),
@@ -156,7 +161,7 @@ SIGNALS: dict[str, SignalSpec] = {
     "entropy_z": SignalSpec(
         entropy_z, ("actor/entropy",), "entropy against its band, in stds", ENTROPY_REFERENCE + 1
     ),
-    "grad_norm_z": SignalSpec(grad_norm_z, ("actor/grad_norm_max",), "z-score of the gradient norm", 4),
+    "grad_norm_z": SignalSpec(grad_norm_z, ("actor/grad_norm_max",), "z-score of the gradient norm", 6),
     "clip_frac": SignalSpec(_latest("actor/clip_frac"), ("actor/clip_frac",), "share of tokens clipped"),
     "approx_kl": SignalSpec(
         _latest("actor/approx_kl"), ("actor/approx_kl",), "how far one step moved the policy (nats)"
