@@ -10,7 +10,8 @@ from cli_runs import ROOT, TINY_SCRATCH, run_steprl
 
 RULES = (
     "[{name: kl_watch, when: [{signal: approx_kl, above: -1}], steps: 3, actions: [alert, stop]},"
-    " {name: undo, when: [{signal: approx_kl, above: -1}], cooldown: 0, actions: [rollback, {lr_scale: {factor: 0.5}}]}]"
+    " {name: undo, when: [{signal: approx_kl, above: -1}], cooldown: 0,"
+    " actions: [rollback, {lr_scale: {factor: 0.5}}]}]"
 )
 
 

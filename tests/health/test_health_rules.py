@@ -110,7 +110,8 @@ def test_rule_config_errors_name_the_key_and_the_allowed_values():
         load_config(
             None,
             [
-                "health.rules=[{name: a, when: [{signal: approx_kl, above: 1}], actions: [{rollback: {q: 1}}]}]"
+                "health.rules=[{name: a, when: [{signal: approx_kl, above: 1}], "
+                "actions: [{rollback: {q: 1}}]}]"
             ],
         )
     assert not load_config(None, ["health=off"]).health.enabled
@@ -119,7 +120,10 @@ def test_rule_config_errors_name_the_key_and_the_allowed_values():
 def test_a_curriculum_hold_keeps_the_horizon_stage_while_it_lasts():
     from steprl.training.controllers import Controllers
 
-    hold = "[{name: wait, when: [{signal: approx_kl, above: 1}], cooldown: 9, actions: [{curriculum_hold: {steps: 2}}]}]"
+    hold = (
+        "[{name: wait, when: [{signal: approx_kl, above: 1}], cooldown: 9, "
+        "actions: [{curriculum_hold: {steps: 2}}]}]"
+    )
     cfg = load_config(
         None,
         [f"health.rules={hold}", "trainer.curriculum.rounds=[2,4,6]", "trainer.curriculum.stage_steps=1"],

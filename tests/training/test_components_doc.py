@@ -48,7 +48,8 @@ def test_an_unsolved_task_comes_back_once_with_a_new_position(on_path) -> None:
 def test_a_config_names_the_controller_and_it_stops_a_tool_use_collapse(on_path) -> None:
     cfg = load_config(None, ["trainer.controllers=[my_components:tool_use_watch]"])
     controllers = Controllers.for_config(cfg)
-    assert list(controllers.members)[1:] == ["nonfinite_guard", "failure_guard", "my_components:tool_use_watch"]
+    named = ["nonfinite_guard", "failure_guard", "my_components:tool_use_watch"]
+    assert list(controllers.members) == ["health", *named]
     rates = [0.4, 0.3, 0.05, 0.0, 0.02]
     stops = [controllers.observe(StepReport(s, {"tools/call_rate": r})).stop for s, r in enumerate(rates, 1)]
     assert stops[:4] == [None] * 4 and stops[4] is not None and "stopped calling its tools" in stops[4]

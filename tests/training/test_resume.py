@@ -86,8 +86,9 @@ MIXTURE = (
     "task_params: {k: 2, pulls: 1, reveal: true}}]"
 )
 HEALTH_RULES = (
-    "[{name: slow, when: [{signal: approx_kl, above: -1}], actions: [{lr_scale: {factor: 0.5}}], cooldown: 0, "
-    "budget: 9}, {name: undo, when: [{signal: approx_kl, above: -1}], actions: [rollback], cooldown: 1, budget: 9}]"
+    "[{name: slow, when: [{signal: approx_kl, above: -1}], actions: [{lr_scale: {factor: 0.5}}],"
+    " cooldown: 0, budget: 9}, {name: undo, when: [{signal: approx_kl, above: -1}], actions: [rollback],"
+    " cooldown: 1, budget: 9}]"
 )
 VARIANTS = {
     "default demo (grpo)": [],

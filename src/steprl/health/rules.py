@@ -16,7 +16,8 @@ Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
   per call in a group that otherwise all succeed): GRPO divides by that std and trains on the
   hair as if it were the task. Drop such groups from then on (the `filter` action).
 - `tool_abandonment`: the tool-call rate lost a third of its peak (healthy runs: < 0.05): the
-  silent failure of a user's own env. An alert naming it (what to do is the user's call: the expert, the reward).
+  silent failure of a user's own env. An alert naming it (what to do is the user's call: the
+  expert, the reward).
 - `template_collapse`: the probe's retrieval accuracy within 0.05 of chance: outputs no longer
   depend on the input (RAGEN-2). Stop, keeping the last good checkpoint. Needs health.mi_every.
 """
