@@ -47,6 +47,7 @@ OUT = ROOT / "runs" / "health_bench"
 SEEDS = (0, 1, 2)
 STEPRL = str(Path(sys.executable).parent / "steprl")  # the venv's command
 EVAL_EVERY, EVAL_TASKS = 4, 64
+RUN_TIMEOUT_S = 900  # a run still going after this is killed and reported (rc -1)
 #: the small shape every run gets (a tiny-model step takes ~1-3 s on a quiet core)
 SHAPE = (
     "rollout.tasks_per_step=8",
@@ -153,10 +154,20 @@ def run_job(job: Job, warm_dir: str) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # parallel jobs share the cores
     t0 = time.perf_counter()
     with open(OUT / f"{job.name}.log", "w") as log:
-        rc = subprocess.run(command(job, warm_dir), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            rc = subprocess.run(
+                command(job, warm_dir),
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=RUN_TIMEOUT_S,
+            ).returncode
+        except subprocess.TimeoutExpired:  # killed: a run that hangs is a result too (its log says where)
+            rc = -1
     wall = time.perf_counter() - t0
-    (OUT / f"{job.name}.wall").write_text(f"{wall:.1f} {rc.returncode}\n")
-    print(f"  {job.name}: rc {rc.returncode}, {wall:.0f}s", flush=True)
+    (OUT / f"{job.name}.wall").write_text(f"{wall:.1f} {rc}\n")
+    print(f"  {job.name}: rc {rc}, {wall:.0f}s", flush=True)
     return wall
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ class Run:
     firings: list[dict[str, Any]]
     wall_s: float | None
     rc: int | None
+    started: str  # UTC time its config.yaml was written: which code (and default rules) it ran
 
     @property
     def evals(self) -> list[tuple[int, float]]:
@@ -76,7 +78,9 @@ def load(run_dir: Path) -> Run | None:
     if wall_file.exists():
         w, c = wall_file.read_text().split()
         wall, rc = float(w), int(c)
-    return Run(run_dir.name, rows, firings, wall, rc)
+    config = run_dir / "config.yaml"
+    started = time.strftime("%H:%M:%S", time.gmtime(config.stat().st_mtime)) if config.exists() else "?"
+    return Run(run_dir.name, rows, firings, wall, rc, started)
 
 
 def margin(p0: float, n: int) -> float:
@@ -201,6 +205,8 @@ def report(out: Path, recipes: Mapping[str, Any], seeds: Sequence[int], *, eval_
             f"| off | {_fmt(off.wall_s, 0)} | {_fmt(off.evals[-1][1])} |",
         ]
     lines += ["", *template_collapse(runs, seeds), "", *calibration(runs, recipes, seeds, eval_tasks)]
+    lines += ["", "### Runs (start time UTC, wall seconds under load, return code)", ""]
+    lines += [", ".join(f"{n} {r.started} {_fmt(r.wall_s, 0)}s rc {r.rc}" for n, r in sorted(runs.items()))]
     text = "\n".join(lines)
     print(text)
     curves(runs, recipes, seeds)
