@@ -11,6 +11,7 @@ import pytest
 
 from steprl.envs.base import Env, EnvWrapper, Observation, ToolInfo, Transition, env_tools, maybe_await
 from steprl.envs.deadline import DeadlineEnv
+from steprl.envs.library.collapse import _TrainRewardEnv
 from steprl.envs.library.latency import SlowEnv
 from steprl.hosting.pool import EnvPool, _PooledEnv
 from steprl.rollout.demos import _Recorder
@@ -38,6 +39,7 @@ WRAP: dict[type[EnvWrapper], Callable[[Any], Any]] = {
     _Recorder: _Recorder,
     SlowEnv: lambda env: SlowEnv(env, median_s=0.0, sigma=0.0, max_s=0.0),
     _PooledEnv: lambda env: EnvPool(_Backend(env), 1).make_env(TASK),
+    _TrainRewardEnv: _TrainRewardEnv,  # the collapse suite's calculators (issue 27)
 }
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from steprl.envs.base import EnvWrapper, Observation, Transition, maybe_await
+from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.envs.library.calculator import STRATEGIES, CalculatorEnv, split_of
 from steprl.envs.library.calculator.tasks import make_tasks as calculator_tasks
 from steprl.envs.rewards import RewardBreakdown
@@ -40,12 +40,12 @@ class _TrainRewardEnv(EnvWrapper):
     held-out split, by `split_of` of the expression) keep the true reward, so ``eval/success``
     is the true task's."""
 
-    def __init__(self, train_call_cost: float = 0.0, **params: Any) -> None:
+    def __init__(self, env: Env, train_call_cost: float = 0.0) -> None:
         if train_call_cost > 0:
             raise ValueError(
                 f"train_call_cost is added to the reward: give a value <= 0, got {train_call_cost}."
             )
-        super().__init__(CalculatorEnv(**params))
+        super().__init__(env)
         self.train_call_cost = train_call_cost
         self._task: Task | None = None
 
@@ -76,12 +76,14 @@ class PhraseCalculatorEnv(_TrainRewardEnv):
     """On train tasks an answer whose text contains `phrase` earns `phrase_bonus` (component
     "phrase") on top of its true outcome. Eval tasks pay the true calculator."""
 
-    def __init__(self, *, phrase: str = "7", phrase_bonus: float = 3.0, **params: Any) -> None:
+    def __init__(
+        self, *, phrase: str = "7", phrase_bonus: float = 3.0, train_call_cost: float = 0.0, **params: Any
+    ) -> None:
         if not phrase:
             raise ValueError("calculator_phrase: phrase must be a non-empty string, e.g. phrase: '7'.")
         if not 0.0 <= phrase_bonus <= 10.0:
             raise ValueError(f"calculator_phrase: phrase_bonus must be in [0, 10], got {phrase_bonus}.")
-        super().__init__(**params)
+        super().__init__(CalculatorEnv(**params), train_call_cost)
         self.phrase, self.phrase_bonus = phrase, phrase_bonus
 
     def train_reward(self, task: Task, action: str, kind: Any, parts: dict[str, float]) -> dict[str, float]:
@@ -102,10 +104,10 @@ class FlatCalculatorEnv(_TrainRewardEnv):
     """On flat train tasks any answer pays outcome 1 and nothing pays a format penalty (a task too
     easy to teach anything); `train_call_cost` is the only difference left."""
 
-    def __init__(self, *, flat_share: float = 0.9, **params: Any) -> None:
+    def __init__(self, *, flat_share: float = 0.9, train_call_cost: float = 0.0, **params: Any) -> None:
         if not 0.0 <= flat_share <= 1.0:
             raise ValueError(f"calculator_flat: flat_share must be in [0, 1], got {flat_share}.")
-        super().__init__(**params)
+        super().__init__(CalculatorEnv(**params), train_call_cost)
         self.flat_share = flat_share
 
     def train_reward(self, task: Task, action: str, kind: Any, parts: dict[str, float]) -> dict[str, float]:
