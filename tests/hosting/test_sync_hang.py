@@ -265,6 +265,7 @@ def test_sft_warm_start_demonstrations_that_hang_end_env_timeout_and_it_goes_on(
 
 @pytest.mark.e2e
 def test_training_and_evaluation_episodes_that_hang_end_env_timeout_and_the_run_goes_on(tmp_path):
+    """The warm-start evaluation, a training step and its evaluation, then `steprl eval`."""
     rc, out = _finish(
         _steprl(
             [
@@ -298,6 +299,14 @@ def test_training_and_evaluation_episodes_that_hang_end_env_timeout_and_the_run_
     assert step["end/env_timeout"] == 2 and step["end/truncated"] + step["end/answered"] == 2
     for took in (warm["time/eval_s"], step["time/rollout_s"], step["time/eval_s"]):
         assert DEADLINE <= took < DEADLINE + MARGIN, (warm, step)
+    # `steprl eval` of that run: its config's env and deadline, held-out tasks 0 and 2 hang
+    rc, out = _finish(
+        _steprl(["eval", str(tmp_path / "calculator_tiny"), "--plugin", "hang_envs", "--tasks", "4"])
+    )
+    assert rc == 0 and "Traceback" not in out, out
+    shown = dict(re.findall(r"^\s+(\S+): (-?[\d.]+)$", out, re.MULTILINE))
+    assert float(shown["eval/env_timeout"]) == 2, out
+    assert DEADLINE <= float(shown["time/eval_s"]) < DEADLINE + MARGIN, out
 
 
 @pytest.mark.e2e

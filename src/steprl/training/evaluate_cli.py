@@ -8,6 +8,7 @@ temperature are the config's."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,9 @@ def evaluate_checkpoint(
     with env_setup.env_pool(cfg) as envs:
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature))
         held_out = eval_tasks(cfg, env_setup.run_envs(cfg), tasks)
+        started = time.perf_counter()
         metrics, episodes = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed))
+        metrics = {**metrics, "time/eval_s": time.perf_counter() - started}  # as training logs it
     if cfg.logging.save_trajectories:
         directory = episodes_dir(checkpoint)
         number = checkpoint.name.removeprefix("step_")
