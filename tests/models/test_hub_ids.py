@@ -21,6 +21,21 @@ from cli_runs import STEPRL, assert_one_line
 from tiny_runs import save_small_llama
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "calculator_tiny.yaml"
+#: `steprl train` from the Hub id, one small step (the command the issue saw refuse it)
+TRAIN = {
+    "model.name": "steprl-test/tiny-llama",
+    "model.init": "pretrained",
+    "trainer.total_steps": 1,
+    "trainer.eval_tasks": 2,
+    "rollout.tasks_per_step": 2,
+    "rollout.group_size": 2,
+    "rollout.max_turns": 2,
+    "rollout.max_tokens_per_turn": 8,
+    "logging.progress": "false",
+    "logging.tensorboard": "false",
+    "run.output_dir": "runs",
+}
 LOAD = """
 import json, sys
 from steprl.models.sources import load_pretrained
@@ -49,9 +64,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> tuple[Path, dic
         "HF_HUB_OFFLINE": "1",
         "COLUMNS": "400",
     }
+    train = [f"{k}={v}" for k, v in TRAIN.items()]
     cases = {
         "load": [sys.executable, "-c", LOAD, "steprl-test/tiny-llama"],
         "absent": [STEPRL, "check-template", "steprl-test/not-cached"],
+        "train": [STEPRL, "train", str(CONFIG), *(a for s in train for a in ("--set", s))],
     }
     procs = {
         name: subprocess.Popen(
@@ -74,6 +91,15 @@ def test_a_hub_id_loads_from_the_hub_cache(runs, tokenizer) -> None:
     assert loaded["vocab"] == len(tokenizer)  # check-template's tokenizer, by the same id
     assert loaded["base"] == str(snapshot)  # a LoRA checkpoint names its base by this directory
     assert loaded["source"].startswith("steprl-test/tiny-llama (Hugging Face Hub cache"), loaded
+
+
+def test_steprl_train_takes_a_hub_id(runs) -> None:
+    snapshot, results = runs
+    rc, out = results["train"]
+    assert rc == 0 and "Traceback" not in out, out[-3000:]
+    assert "policy: steprl-test/tiny-llama (Hugging Face Hub cache" in out, out[-3000:]
+    run_dir = snapshot.parents[3] / "runs" / "calculator_tiny"
+    assert (run_dir / "checkpoints" / "step_000001").is_dir(), out[-3000:]
 
 
 def test_an_uncached_hub_id_offline_is_one_line(runs) -> None:
