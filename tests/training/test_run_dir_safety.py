@@ -68,8 +68,8 @@ def test_a_run_made_before_the_marker_is_still_recognised(tmp_path: Path) -> Non
 
 
 def test_a_failed_start_leaves_the_finished_run_whole(tmp_path: Path) -> None:
-    """The model is checked after the env and before anything is cleared: a bad model.name is one
-    line, and the finished run in the directory keeps every file (checkpoints, metrics,
+    """The env and the model are checked before anything is cleared: a bad model.name, or
+    env.params the env's factory refuses, is one line, and the finished run in the directory keeps every file (checkpoints, metrics,
     trajectories, TensorBoard)."""
     extra = [
         "model.init=scratch",
@@ -85,4 +85,8 @@ def test_a_failed_start_leaves_the_finished_run_whole(tmp_path: Path) -> None:
     assert "trajectories/step_000001.parquet" in before and any(k.startswith("tensorboard/") for k in before)
     rc, out = _train(tmp_path, "run.name=done", "model.name=/no/such/model")
     assert_one_line(rc, out, "/no/such/model")
+    assert _files(done.run_dir) == before
+    # the env's own check of its params (its factory raises at the first env the run builds)
+    rc, out = _train(tmp_path, "run.name=done", "env.params={max_ops_per_call: 0}")
+    assert_one_line(rc, out, "env 'calculator' refused env.params", "max_ops_per_call")
     assert _files(done.run_dir) == before

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from steprl.envs.base import Env, IncompleteEnv, missing_members
+from steprl.envs.base import Env, EnvParamsError, IncompleteEnv, missing_members
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
 from steprl.extras import require_extra
@@ -50,8 +50,14 @@ class InProcessBackend:
 
     def probe(self) -> InProcessBackend:
         """Fail fast: build one env and check it has every member the core reads (else every
-        episode would end `infra_failed` on the same AttributeError). Call outside an event loop."""
-        env = self._factory(**self._params)
+        episode would end `infra_failed` on the same AttributeError), or refuses its params (every
+        episode would fail on them). Call outside an event loop."""
+        try:
+            env = self._factory(**self._params)
+        except (ValueError, TypeError) as exc:  # a value the factory checks (other errors: bugs)
+            raise EnvParamsError(
+                f"env {self._name!r} refused env.params {self._params}: {type(exc).__name__}: {exc}"
+            ) from exc
         problem = missing_members(env)
         if "close" not in (problem or ""):
             closed = env.close()
