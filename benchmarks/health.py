@@ -101,15 +101,18 @@ class Job:
         return f"{self.recipe}_{self.mode}_s{self.seed}"
 
 
-def plan(only: set[str] | None) -> list[Job]:
+def plan(only: set[str] | None, *, observe_controls: bool = False) -> list[Job]:
     """Every run of the benchmark (see the module docstring): seed 0 of everything first (the
-    observing collapse runs, the controls, the acting runs, the cost run), then seeds 1 and 2."""
+    observing collapse runs, the controls, the acting runs, the cost run), then seeds 1 and 2.
+    `observe_controls`: the controls observe too (a control on which no rule fires is the same
+    run either way, and its logged metrics can be replayed under other rules)."""
+    control = "observe" if observe_controls else "on"
     names = [n for n in RECIPES if not only or n in only]
-    jobs = [Job(n, 0, "observe" if RECIPES[n].collapse else "on") for n in names]
+    jobs = [Job(n, 0, "observe" if RECIPES[n].collapse else control) for n in names]
     jobs += [Job(n, 0, "act") for n in names if RECIPES[n].collapse]
     jobs += [Job("demo", 0, "off")] if "demo" in names else []
     for seed in SEEDS[1:]:
-        jobs += [Job(n, seed, "observe" if RECIPES[n].collapse else "on") for n in names]
+        jobs += [Job(n, seed, "observe" if RECIPES[n].collapse else control) for n in names]
     return jobs
 
 
@@ -178,8 +181,9 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="only read the runs already made")
     ap.add_argument("--skip-done", action="store_true", help="skip runs whose .wall file exists")
     ap.add_argument("--runs", nargs="*", help="only these runs, by name (e.g. phrase_observe_s0)")
+    ap.add_argument("--observe-controls", action="store_true", help="the controls observe (health.act=false)")
     args = ap.parse_args()
-    jobs = plan(set(args.only) if args.only else None)
+    jobs = plan(set(args.only) if args.only else None, observe_controls=args.observe_controls)
     jobs = [j for j in jobs if not args.runs or j.name in args.runs]
     if not args.report_only:
         warm = {c: warm_start(c) for c in sorted({RECIPES[j.recipe].warm_config for j in jobs})}

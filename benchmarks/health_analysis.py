@@ -24,7 +24,7 @@ DOC_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 #: the signals each curve shows, per run family (the ones its failure should move)
 CURVE_SIGNALS = {
     "lr20": ("approx_kl", "grad_norm_z", "entropy_z"),
-    "phrase": ("mi_retrieval_gap", "entropy_z", "tool_call_rate"),
+    "phrase": ("proxy_gap", "outcome_slope", "mi_retrieval_gap", "entropy_z"),
     "flat": ("zero_var_share", "group_std", "tool_call_rate"),
     "guess": ("tool_call_rate", "tool_call_fall", "zero_var_share"),
 }
@@ -39,6 +39,9 @@ CALIBRATION_SIGNALS = (
     "tool_call_fall",
     "clip_frac",
     "reward_slope",
+    "outcome_slope",
+    "proxy_gap",
+    "tiny_std_share",
     "mi_retrieval_gap",
 )
 
@@ -100,10 +103,33 @@ def collapse(evals: Sequence[tuple[int, float]], n: int) -> tuple[int | None, fl
     return None, best, m
 
 
-def first_alarm(run: Run) -> tuple[int | None, str]:
-    if not run.firings:
+def replay(run: Run, rules: Any = None) -> list[dict[str, Any]]:
+    """The firings the health rules (`rules`, a `health.rules` YAML list; None: today's
+    DEFAULT_RULES) make over the run's logged metrics, observing: the same records the monitor
+    writes online, as long as no rule acted in the run (observe runs, runs without firings).
+    So a run made under older rules is read with today's."""
+    from steprl.config import load_config  # noqa: PLC0415 - the benchmark's venv has steprl
+    from steprl.training.controllers import StepReport  # noqa: PLC0415
+    from steprl.training.controllers.health import HealthMonitor  # noqa: PLC0415
+
+    sets = ["health.act=false", *([f"health.rules={rules}"] if rules is not None else [])]
+    monitor = HealthMonitor.from_config(load_config(None, sets))
+    firings: list[dict[str, Any]] = []
+    for row in run.rows:
+        if int(row.get("step", 0)) < 1:
+            continue  # the warm start's row: the monitor sees trained steps only
+        numbers = {
+            k: float(v) for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        firings += monitor.observe(StepReport(int(row["step"]), numbers)).events
+    return firings
+
+
+def first_alarm(run: Run, firings: Sequence[Mapping[str, Any]] | None = None) -> tuple[int | None, str]:
+    firings = run.firings if firings is None else firings
+    if not firings:
         return None, "-"
-    f = run.firings[0]
+    f = firings[0]
     return int(f["step"]), str(f["rule"])
 
 
@@ -133,6 +159,9 @@ def report(out: Path, recipes: Mapping[str, Any], seeds: Sequence[int], *, eval_
         "",
         "### Collapse recipes, rules observing (health.act=false)",
         "",
+        "First alarm and rules fired: today's default rules replayed over each run's logged metrics "
+        "(`health_analysis.replay`; exact for a run whose rules did not act).",
+        "",
         "| recipe | seed | warm start | pre-collapse | margin | collapse step | first alarm (step, rule) "
         "| lead | rules fired | final success |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -145,9 +174,10 @@ def report(out: Path, recipes: Mapping[str, Any], seeds: Sequence[int], *, eval_
             if run is None or not run.evals:
                 continue
             step, pre, m = collapse(run.evals, eval_tasks)
-            a_step, a_rule = first_alarm(run)
+            replayed = replay(run)  # today's default rules over what the run logged
+            a_step, a_rule = first_alarm(run, replayed)
             lead = step - a_step if step is not None and a_step is not None else None
-            fired = sorted({str(f["rule"]) for f in run.firings})
+            fired = sorted({str(f["rule"]) for f in replayed})
             lines.append(
                 f"| {name} | {seed} | {_fmt(run.evals[0][1])} | {_fmt(pre)} | {_fmt(m)} | {step or 'none'} "
                 f"| {a_step if a_step is not None else 'none'}, {a_rule} "
@@ -179,6 +209,9 @@ def report(out: Path, recipes: Mapping[str, Any], seeds: Sequence[int], *, eval_
         "",
         "### Healthy controls, default rules on",
         "",
+        "Firings: today's default rules replayed over the logged metrics (a control on which no "
+        "rule acted is the same run with the rules on or observing).",
+        "",
         "| control | seed | warm start | final | firings |",
         "|---|---|---|---|---|",
     ]
@@ -186,10 +219,13 @@ def report(out: Path, recipes: Mapping[str, Any], seeds: Sequence[int], *, eval_
         if r.collapse:
             continue
         for seed in seeds:
-            run = runs.get(f"{name}_on_s{seed}")
+            run = runs.get(f"{name}_on_s{seed}") or runs.get(f"{name}_observe_s{seed}")
             if run is None or not run.evals:
                 continue
-            fires = "; ".join(f"{f['step']} {f['rule']}" for f in run.firings) or "0"
+            acted = any(f.get("acted") for f in run.firings)  # then the logged firings are the record
+            fires = (
+                "; ".join(f"{f['step']} {f['rule']}" for f in (run.firings if acted else replay(run))) or "0"
+            )
             lines.append(
                 f"| {name} | {seed} | {_fmt(run.evals[0][1])} | {_fmt(run.evals[-1][1])} | {fires} |"
             )

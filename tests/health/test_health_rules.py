@@ -58,6 +58,30 @@ def test_tool_call_fall_grad_norm_z_and_reward_slope():
     assert signal_value("reward_slope", _rows("reward/mean", [0, 0.1, 0.2, 0.3, 0.4])) == pytest.approx(0.1)
 
 
+def test_proxy_gap_and_outcome_slope_tell_a_hacked_reward_from_a_learning_one():
+    """The default `reward_hacking` rule on the fixed-phrase recipe's shape (the total reward
+    rises on a phrase while the outcome component falls) and on a healthy run's (both rise, the
+    format penalty fading on top)."""
+
+    def rows(total, outcome):
+        return [
+            {"reward/mean": t, "reward_component/outcome": o} for t, o in zip(total, outcome, strict=True)
+        ]
+
+    hacked = rows([1.0, 1.1, 1.25, 1.4, 1.5, 1.7, 1.8], [0.8, 0.8, 0.75, 0.72, 0.7, 0.66, 0.62])
+    assert signal_value("outcome_slope", hacked) == pytest.approx(-0.034)
+    assert signal_value("proxy_gap", hacked) == pytest.approx(0.17543, abs=1e-5)
+    learning = rows([0.1, 0.2, 0.3, 0.35, 0.45, 0.5, 0.52], [0.4, 0.45, 0.5, 0.5, 0.55, 0.56, 0.55])
+    assert signal_value("proxy_gap", learning) < 0.08 and signal_value("outcome_slope", learning) > 0
+    assert signal_value("proxy_gap", hacked[:5]) is None  # 6 steps needed
+
+    m = HealthMonitor.from_config(load_config(None, []))  # the default rules
+    out = [m.observe(StepReport(s, r)) for s, r in enumerate([*learning, *hacked], start=1)]
+    fired = [(a.events[0]["rule"], s) for s, a in enumerate(out, start=1) if a.events]
+    assert fired == [("reward_hacking", 14)]  # holds from step 13, 2 steps in a row
+    assert out[13].stop is not None and "'reward_hacking'" in out[13].stop
+
+
 def _monitor(rules, **kw):
     cfg = load_config(None, [f"health.rules={rules}", *[f"health.{k}={v}" for k, v in kw.items()]])
     return HealthMonitor.from_config(cfg)
@@ -80,6 +104,7 @@ def test_a_rule_needs_its_steps_in_a_row_waits_out_its_cooldown_and_stops_when_i
     last = fired[10]
     assert last.stop is not None and "'jump'" in last.stop and "approx_kl=5" in last.stop
     assert last.events[0]["outcome"] == "budget of 2 spent: stop"
+    assert last.events[0]["actions"] == ["alert", "stop"]  # what was done, not the rule's list
     assert last.metrics["health/firings"] == 1 and last.metrics["health/lr_scale"] == 0.25
 
 

@@ -69,8 +69,8 @@ def test_a_run_made_before_the_marker_is_still_recognised(tmp_path: Path) -> Non
 
 def test_a_failed_start_leaves_the_finished_run_whole(tmp_path: Path) -> None:
     """The env and the model are checked before anything is cleared: a bad model.name, or
-    env.params the env's factory refuses, is one line, and the finished run in the directory keeps every file (checkpoints, metrics,
-    trajectories, TensorBoard)."""
+    env.params the env's factory refuses, is one line, and the finished run in the directory
+    keeps every file (checkpoints, metrics, trajectories, TensorBoard)."""
     extra = [
         "model.init=scratch",
         "trainer.total_steps=1",

@@ -18,6 +18,10 @@ Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
 - `tool_abandonment`: the tool-call rate lost a third of its peak (healthy runs: < 0.05): the
   silent failure of a user's own env. An alert naming it (what to do is the user's call: the
   expert, the reward).
+- `reward_hacking`: the task's own reward component falls while the total reward rises faster
+  (`outcome_slope`, `proxy_gap` over 6 steps), 2 steps in a row: the policy is being paid for
+  something other than the task (the fixed-phrase recipe). Stop, keeping the last good
+  checkpoint: undoing steps cannot help while the reward still pays the shortcut.
 - `template_collapse`: the probe's retrieval accuracy within 0.05 of chance: outputs no longer
   depend on the input (RAGEN-2). Stop, keeping the last good checkpoint. Needs health.mi_every.
 """
@@ -74,6 +78,14 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "cooldown": 10,
         "budget": 3,
         "then": "alert",
+    },
+    {
+        "name": "reward_hacking",
+        "when": [{"signal": "outcome_slope", "below": -0.01}, {"signal": "proxy_gap", "above": 0.08}],
+        "steps": 2,
+        "actions": ["alert", "stop"],
+        "cooldown": 0,
+        "budget": 1,
     },
     {
         "name": "template_collapse",

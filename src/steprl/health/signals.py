@@ -14,6 +14,9 @@ Why these, and why this shape (docs/health.md, ../shared/reference/steering.md):
 - One update can move a policy far without any token mismatch (the Gemma run: `approx_kl` 10.78
   at step 1 with engine/learner log-probs equal within 2e-5): `approx_kl` and
   `logprob_mismatch` tell the two apart.
+- A reward that pays for something other than the task (a fixed phrase, a format bonus) shows
+  first in its make-up: the total rises while the task's own component falls (`outcome_slope`,
+  `proxy_gap`), several steps before held-out success does (docs/health_results.md).
 - Template collapse (RAGEN-2) is invisible to entropy; its signals are `mi` and
   `mi_retrieval_gap`, which the teacher-forced probe writes (`health/mutual_info.py`).
 
@@ -68,15 +71,48 @@ def _mean_last(key: str, n: int) -> Callable[[Window], float | None]:
     return fn
 
 
-def reward_slope(window: Window) -> float | None:
-    """Least-squares slope of `reward/mean` per step over the window (reward units per step)."""
-    ys = _series(window, "reward/mean")
-    if len(ys) < 5:
-        return None
+def _slope(ys: Sequence[float]) -> float:
+    """Least-squares slope of `ys` against 0, 1, 2, ... (two values or more)."""
     n = len(ys)
     x_mean, y_mean = (n - 1) / 2, sum(ys) / n
     sxx = sum((i - x_mean) ** 2 for i in range(n))
     return sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys)) / sxx
+
+
+def reward_slope(window: Window) -> float | None:
+    """Least-squares slope of `reward/mean` per step over the window (reward units per step)."""
+    ys = _series(window, "reward/mean")
+    return _slope(ys) if len(ys) >= 5 else None
+
+
+PROXY_WINDOW = 6  # steps: long enough that a group-sampling wobble is not a trend
+OUTCOME = "reward_component/outcome"
+
+
+def _paired(window: Window) -> tuple[list[float], list[float]]:
+    """(`reward/mean`, the outcome component) over the last PROXY_WINDOW steps holding both."""
+    rows = [
+        r
+        for r in window[-PROXY_WINDOW:]
+        if all(r.get(k) is not None and math.isfinite(r[k]) for k in ("reward/mean", OUTCOME))
+    ]
+    return [float(r["reward/mean"]) for r in rows], [float(r[OUTCOME]) for r in rows]
+
+
+def outcome_slope(window: Window) -> float | None:
+    """Slope per step of the task's own reward component (`reward_component/outcome`) over the
+    last PROXY_WINDOW steps. An env without components has its reward as the outcome."""
+    outcome = _series(window[-PROXY_WINDOW:], OUTCOME)
+    return _slope(outcome) if len(outcome) >= PROXY_WINDOW else None
+
+
+def proxy_gap(window: Window) -> float | None:
+    """slope(total reward) - slope(outcome component), per step, over the last PROXY_WINDOW
+    steps: how much faster the reward the policy is paid rises than the task's own. Near 0
+    when they move together (the healthy case); large while the total rises on something
+    other than the outcome (a phrase, a format bonus: the reward is being hacked)."""
+    total, outcome = _paired(window)
+    return _slope(total) - _slope(outcome) if len(total) >= PROXY_WINDOW else None
 
 
 def _band(xs: Sequence[float]) -> tuple[float, float]:
@@ -140,6 +176,15 @@ def tool_call_fall(window: Window) -> float | None:
 
 SIGNALS: dict[str, SignalSpec] = {
     "reward_slope": SignalSpec(reward_slope, ("reward/mean",), "slope of the mean reward per step", 5),
+    "outcome_slope": SignalSpec(
+        outcome_slope, (OUTCOME,), "slope of the outcome reward component per step", PROXY_WINDOW
+    ),
+    "proxy_gap": SignalSpec(
+        proxy_gap,
+        ("reward/mean", OUTCOME),
+        "slope of the total reward minus that of its outcome component",
+        PROXY_WINDOW,
+    ),
     "zero_var_share": SignalSpec(
         _mean_last("reward/zero_variance_group_frac", 3),
         ("reward/zero_variance_group_frac",),

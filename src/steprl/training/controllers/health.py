@@ -61,7 +61,7 @@ class HealthMonitor:
             self.streak[rule.name] = 0
             self.last_fired[rule.name] = step
             self.fired[rule.name] += 1
-            rule_once, outcome = self._fire(rule, step)
+            rule_once, outcome, taken = self._fire(rule, step)
             once = once.merge(rule_once)
             seen = {c.signal: values[c.signal] for c in rule.when}
             events.append(
@@ -69,7 +69,7 @@ class HealthMonitor:
                     "step": step,
                     "rule": rule.name,
                     "signals": seen,
-                    "actions": [a.name for a in rule.actions],
+                    "actions": taken,
                     "outcome": outcome,
                     "acted": self.act,
                 }
@@ -90,20 +90,21 @@ class HealthMonitor:
             events=tuple(events),
         )
 
-    def _fire(self, rule: RuleSection, step: int) -> tuple[Once, str]:
-        """Take the rule's actions (or its `then`, its budget spent): what happens once, and
-        the outcome text. Observe mode: nothing, the record says what would have been done."""
+    def _fire(self, rule: RuleSection, step: int) -> tuple[Once, str, list[str]]:
+        """Take the rule's actions (or its `then`, its budget spent): what happens once, the
+        outcome text, and the actions taken (observe mode: none taken; the record names the
+        rule's actions, what would have been done)."""
         if not self.act:
-            return Once(), "observed (health.act=false)"
+            return Once(), "observed (health.act=false)", [a.name for a in rule.actions]
         if self.fired[rule.name] > rule.budget:
             if rule.then == "stop":
-                return Once(alert=True, stop=True), f"budget of {rule.budget} spent: stop"
-            return Once(alert=True), f"budget of {rule.budget} spent: alert"
+                return Once(alert=True, stop=True), f"budget of {rule.budget} spent: stop", ["alert", "stop"]
+            return Once(alert=True), f"budget of {rule.budget} spent: alert", ["alert"]
         once, outcomes = Once(), list[str]()
         for action in rule.actions:
             self.levers, act_once, outcome = ACTIONS[action.name].fn(self.levers, action.params, step)
             once, outcomes = once.merge(act_once), [*outcomes, outcome]
-        return once, "; ".join(outcomes)
+        return once, "; ".join(outcomes), [a.name for a in rule.actions]
 
     def state_dict(self) -> dict[str, Any]:
         return {
