@@ -120,6 +120,26 @@ def test_window_is_k_plus_1_steps_and_an_overtaken_group_is_evicted_requeued_and
     assert len(set(trained)) == len(trained)
 
 
+def test_after_a_rollback_groups_of_the_undone_versions_run_again_whatever_the_staleness_bound():
+    prod = FakeProducer()
+    pipe = Pipeline(_tasks(), prod, tasks_per_step=2, max_staleness=2, version=0)
+    t, out = _take_later(pipe, 2)
+    prod.finish(0, (0,))
+    prod.finish(1, (0,))
+    t.join(2)
+    pipe.publish({}, 1)  # step 1 trained: its version 1 is the one a health rule undoes
+    prod.finish(2, (1,))  # sampled by version 1, within max_staleness of any later version
+    prod.finish(3, (0,))  # version 0's weights are restored, but as version 2: this ran before
+    pipe.roll_back({}, 2)  # the weights of step 0, as version 2
+    t, out = _take_later(pipe, 2)
+    assert prod.started.count(2) == 2 and prod.started.count(3) == 2  # both run again
+    prod.finish(2, (2,))
+    prod.finish(3, (2,))
+    t.join(2)
+    assert [g.task.id for g in out[0]] == ["t2", "t3"] and prod.published == [1, 2]
+    assert pipe.take_metrics(1)["async/evicted_groups"] == 2.0
+
+
 def test_pending_holds_in_flight_and_queued_work_and_a_new_pipeline_reissues_it_first():
     prod = FakeProducer()
     pipe = Pipeline(_tasks(), prod, tasks_per_step=2, max_staleness=2, version=0)

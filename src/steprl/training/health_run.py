@@ -80,9 +80,9 @@ def carry_out(
     log: Callable[[str], None],
 ) -> tuple[int, list[dict[str, Any]]]:
     """What the firings at `step` do once: alert lines and a rollback (its weights published as
-    a new policy version through `publish`, the pipeline's: rollouts of the undone policy are
-    stale and run again). Returns the policy version and the firings' records, their outcomes
-    completed."""
+    a new policy version through `publish`, the pipeline's `roll_back`: rollouts of the undone
+    versions are evicted and run again, at any `rollout.max_staleness`). Returns the policy
+    version and the firings' records, their outcomes completed."""
     events = [dict(e) for e in settings.events]
     once = settings.once
     ring = parts.components.get("health:snapshots")

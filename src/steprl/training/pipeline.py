@@ -139,6 +139,9 @@ class Pipeline:
         #: the turn cap of the tasks admitted from now on (a horizon curriculum's; None: the
         #: configured one). Fixed at admission: a group admitted ahead keeps the cap it ran under.
         self.max_turns: int | None = None
+        #: the oldest version a trained token may come from (a rollback's: the policy it undid
+        #: must not be trained on, however fresh its groups are by `max_staleness`)
+        self.floor = 0
 
     # ---- the learner's side -------------------------------------------------------------------
 
@@ -155,6 +158,7 @@ class Pipeline:
                 while self._finished and len(picked) + len(self._owed & self._in_flight.keys()) < n:
                     f = self._finished.pop(0)
                     too_old = self.version - f.oldest > self.max_staleness + self.snapshot_lag
+                    too_old = too_old or f.oldest < self.floor - self.snapshot_lag
                     if too_old or not self._versions_ok(f):
                         self._counters.evicted += 1  # overtaken while it ran: run it again
                         if self.eviction == "age_priority":
@@ -178,6 +182,13 @@ class Pipeline:
         self.producer.publish(weights, version)
         with self._cv:
             self.version = version
+
+    def roll_back(self, weights: Weights, version: int) -> None:
+        """Restored weights (a health rollback) as the new `version`: groups queued or in flight
+        that the undone versions sampled are evicted and run again, at any `max_staleness`."""
+        self.publish(weights, version)
+        with self._cv:
+            self.floor = version
 
     def pending(self) -> list[tuple[int, Task]]:
         """Tasks admitted but not yet trained (in flight or queued), in stream order. (An evicted

@@ -211,7 +211,7 @@ def _train(
             settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
             metrics |= settings.metrics  # health/* signals
             version, firings = health_run.carry_out(
-                parts, settings, step, state.policy_version, pipeline.publish, log
+                parts, settings, step, state.policy_version, pipeline.roll_back, log
             )
             state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
             health_run.write_log(run_dir, firings)
