@@ -1,0 +1,75 @@
+"""What the trainer does with the health levers (`training/health_run.py`): the learning rate,
+the entropy bonus and the KL coefficient it sets on the learner every step, the KL in the reward
+it scales, and the group filter's strength; `kl_scale` on a run without a KL term is refused."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from steprl.config import ConfigError, load_config
+from steprl.health.actions import Levers
+from steprl.training.controllers import Adjustments
+from steprl.training.health_run import apply_levers, group_filter
+from steprl.training.learner import Learner
+
+
+def _learner(model: torch.nn.Module) -> Learner:
+    return Learner(
+        copy.deepcopy(model),
+        policy_loss=lambda inputs: None,  # never called here
+        needs_proximal=False,
+        aggregation="token-mean",
+        loss_scale_factor=None,
+        lr=1e-3,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=1.0,
+        micro_batch_size=4,
+        pad_id=0,
+        temperature=1.0,
+    )
+
+
+def test_the_levers_set_the_learning_rate_entropy_bonus_and_kl_every_step(small_model):
+    learner = _learner(small_model)
+    cfg = load_config(None, ["trainer.lr=1e-3", "algorithm.kl_coef=0.1", "algorithm.entropy_coef=0.001"])
+    levers = Levers(lr_scale=0.25, kl_scale=2.0, entropy_coef=0.02)
+    out = apply_levers(cfg, learner, Adjustments(levers=levers))
+    assert [g["lr"] for g in learner.optimizer.param_groups] == [pytest.approx(2.5e-4)] * len(
+        learner.optimizer.param_groups
+    )
+    assert learner.reg.entropy_coef == 0.02 and learner.reg.kl_coef == pytest.approx(0.2)
+    assert out.kl_coef is None  # the KL is in the loss: nothing for the reward
+    apply_levers(cfg, learner, Adjustments(levers=Levers()))  # no lever: the config's values again
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert learner.reg.entropy_coef == 0.001 and learner.reg.kl_coef == pytest.approx(0.1)
+
+    in_reward = load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_in=reward"])
+    out = apply_levers(in_reward, learner, Adjustments(levers=Levers(kl_scale=3.0)))
+    assert out.kl_coef == pytest.approx(0.3) and learner.reg.kl_coef == 0.0
+    adaptive = Adjustments(kl_coef=0.05, levers=Levers(kl_scale=3.0))  # an adaptive controller's value
+    assert apply_levers(in_reward, learner, adaptive).kl_coef == pytest.approx(0.15)
+
+
+def test_the_filter_lever_drops_groups_whose_rewards_barely_differ():
+    def keep_all(rewards: list[torch.Tensor]) -> torch.Tensor:
+        return torch.arange(len(rewards))
+
+    rewards = [
+        torch.tensor([1.0, 1.0, 1.01, 1.0]),
+        torch.tensor([0.0, 1.0, 0.0, 1.0]),
+        torch.tensor([2.0] * 4),
+    ]
+    assert group_filter(keep_all, Adjustments()) is keep_all  # no lever: the configured filter
+    kept = group_filter(keep_all, Adjustments(levers=Levers(min_group_std=0.05)))(rewards)
+    assert kept.tolist() == [1]
+
+
+def test_kl_scale_on_a_run_without_a_kl_term_is_refused():
+    rule = "[{name: r, when: [{signal: approx_kl, above: 1}], actions: [{kl_scale: {factor: 2}}]}]"
+    with pytest.raises(ConfigError, match="kl_scale scales algorithm.kl_coef, which is 0"):
+        load_config(None, [f"health.rules={rule}"])
+    assert load_config(None, [f"health.rules={rule}", "algorithm.kl_coef=0.1"]).health.enabled
