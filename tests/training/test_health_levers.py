@@ -73,3 +73,35 @@ def test_kl_scale_on_a_run_without_a_kl_term_is_refused():
     with pytest.raises(ConfigError, match="kl_scale scales algorithm.kl_coef, which is 0"):
         load_config(None, [f"health.rules={rule}"])
     assert load_config(None, [f"health.rules={rule}", "algorithm.kl_coef=0.1"]).health.enabled
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_rollback_serves_the_undone_steps_tasks_again_or_skips_them(tmp_path, replay):
+    from cli_runs import TINY_SCRATCH
+    from steprl.diagnostics import read_trajectories
+    from steprl.training.trainer import train
+
+    rule = (
+        "[{name: undo, when: [{signal: approx_kl, above: -1}], steps: 2, budget: 1, then: alert,"
+        f" cooldown: 10, actions: [{{rollback: {{k: 1, replay: {str(replay).lower()}}}}}]}}]"
+    )
+    sets = [
+        *TINY_SCRATCH,
+        "trainer.total_steps=3",
+        "logging.save_trajectories=true",
+        "logging.tensorboard=false",
+    ]
+    cfg = load_config(
+        "configs/calculator_tiny.yaml", [*sets, f"run.output_dir={tmp_path}", f"health.rules={rule}"]
+    )
+    run_dir = train(cfg, log=lambda _: None).run_dir
+    table = read_trajectories(run_dir / "trajectories")
+    tasks = {
+        s: sorted(set(t for t, st in zip(table["task_id"].to_pylist(), table["step"].to_pylist()) if st == s))
+        for s in (1, 2, 3)
+    }
+    assert len(tasks[2]) == 2 and not set(tasks[1]) & set(tasks[2])
+    if replay:  # step 2 was undone: step 3 trains on its tasks again
+        assert tasks[3] == tasks[2]
+    else:
+        assert not set(tasks[3]) & (set(tasks[1]) | set(tasks[2]))

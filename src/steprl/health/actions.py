@@ -43,8 +43,9 @@ class Once:
     alert: bool = False
     snapshot: bool = False
     # restore the weights and optimizer of this many steps back; the task stream goes on (the
-    # tasks that led there are not trained again)
+    # tasks that led there are not trained again), or, with `replay`, they are served again first
     rollback: int | None = None
+    replay: bool = False
     stop: bool = False
 
     def merge(self, other: Once) -> Once:
@@ -52,6 +53,7 @@ class Once:
             alert=self.alert or other.alert,
             snapshot=self.snapshot or other.snapshot,
             rollback=max(self.rollback or 0, other.rollback or 0) or None,
+            replay=self.replay or other.replay,
             stop=self.stop or other.stop,
         )
 
@@ -75,8 +77,9 @@ def snapshot(levers: Levers, p: Params, step: int) -> Result:
 
 
 def rollback(levers: Levers, p: Params, step: int) -> Result:
-    k = int(p["k"])
-    return levers, Once(rollback=k), f"rollback {k} step(s)"
+    k, replay = int(p["k"]), bool(p["replay"])
+    then = "their tasks served again" if replay else "their tasks skipped"
+    return levers, Once(rollback=k, replay=replay), f"rollback {k} step(s), {then}"
 
 
 def lr_scale(levers: Levers, p: Params, step: int) -> Result:
@@ -117,8 +120,9 @@ ACTIONS: dict[str, ActionSpec] = {
     "snapshot": ActionSpec(snapshot, {}, "a checkpoint of this step (trainer.keep_last applies)"),
     "rollback": ActionSpec(
         rollback,
-        {"k": 1},
-        "restore the weights and optimizer of k steps back (the in-memory ring, health.snapshots)",
+        {"k": 1, "replay": False},
+        "restore the weights and optimizer of k steps back (the in-memory ring, health.snapshots); "
+        "replay: the undone steps' tasks are served again first (else skipped)",
     ),
     "lr_scale": ActionSpec(lr_scale, {"factor": 0.5, "min": 0.01}, "multiply the learning rate (floored)"),
     "kl_scale": ActionSpec(

@@ -20,6 +20,7 @@ from steprl.training.build import Parts
 from steprl.training.controllers import Adjustments
 from steprl.training.health_snapshots import SnapshotRing
 from steprl.training.learner import Learner
+from steprl.training.pipeline import Pipeline
 from steprl.types import Trajectory
 
 HEALTH_LOG = "health.jsonl"  # <run_dir>/health.jsonl: one record per firing
@@ -76,13 +77,14 @@ def carry_out(
     settings: Adjustments,
     step: int,
     version: int,
-    publish: Callable[[Any, int], None],
+    pipeline: Pipeline,
     log: Callable[[str], None],
 ) -> tuple[int, list[dict[str, Any]]]:
     """What the firings at `step` do once: alert lines and a rollback (its weights published as
-    a new policy version through `publish`, the pipeline's `roll_back`: rollouts of the undone
-    versions are evicted and run again, at any `rollout.max_staleness`). Returns the policy
-    version and the firings' records, their outcomes completed."""
+    a new policy version through the pipeline's `roll_back`: rollouts of the undone versions are
+    evicted and run again, at any `rollout.max_staleness`; with `replay`, the undone steps' tasks
+    are served again first). Returns the policy version and the firings' records, their outcomes
+    completed."""
     events = [dict(e) for e in settings.events]
     once = settings.once
     ring = parts.components.get("health:snapshots")
@@ -90,7 +92,9 @@ def carry_out(
         restored = ring.restore(once.rollback, step)
         if restored is not None:
             version += 1
-            publish(parts.learner.state_dict_for_engine(), version)
+            pipeline.roll_back(parts.learner.state_dict_for_engine(), version)
+            if once.replay:  # this step's tasks (not in the ring yet), then the undone ones kept
+                pipeline.replay([*ring.trained_after(restored), *pipeline.step_tasks])
         for e in events:
             if "rollback" in e["actions"] and e["acted"]:
                 e["outcome"] += (

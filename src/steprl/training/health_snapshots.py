@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from steprl.config import Config
 from steprl.training.learner import Learner
+from steprl.training.state import task_dict, task_from_dict
+from steprl.types import Task
 
 
 class SnapshotRing:
@@ -24,12 +26,25 @@ class SnapshotRing:
         self.steps: list[int] = []
         self.snaps: list[dict[str, Any]] = []
 
-    def capture(self, step: int) -> None:
+    def capture(self, step: int, trained: Sequence[tuple[int, Task]] = ()) -> None:
+        """The weights and optimizer at the end of `step`, and the tasks it trained on (their
+        stream positions: a rollback with replay serves them again)."""
         snap = {
             "params": [p.detach().clone() for p in self.learner.params],
             "optimizer": copy.deepcopy(self.learner.optimizer.state_dict()),
+            "trained": list(trained),
         }
         self.steps, self.snaps = [*self.steps, step][-self.size :], [*self.snaps, snap][-self.size :]
+
+    def trained_after(self, step: int) -> list[tuple[int, Task]]:
+        """The tasks the kept steps after `step` trained on, in stream order."""
+        out = [
+            t
+            for s, snap in zip(self.steps, self.snaps, strict=True)
+            if s > step
+            for t in snap.get("trained", [])
+        ]
+        return sorted(out, key=lambda t: t[0])
 
     def restore(self, back: int, step: int) -> int | None:
         """Load the snapshot `back` steps before `step` (or the oldest kept, when fewer are):
@@ -46,11 +61,15 @@ class SnapshotRing:
         return self.steps[i]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": list(self.steps), "snaps": list(self.snaps)}
+        snaps = [{**s, "trained": [(i, task_dict(t)) for i, t in s.get("trained", [])]} for s in self.snaps]
+        return {"steps": list(self.steps), "snaps": snaps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.steps = [int(s) for s in state["steps"]]
-        self.snaps = list(state["snaps"])
+        self.snaps = [
+            {**s, "trained": [(int(i), task_from_dict(t)) for i, t in s.get("trained", [])]}
+            for s in state["snaps"]
+        ]
 
 
 def ring_for(cfg: Config, learner: Learner) -> SnapshotRing | None:

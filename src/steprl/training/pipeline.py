@@ -142,6 +142,8 @@ class Pipeline:
         #: the oldest version a trained token may come from (a rollback's: the policy it undid
         #: must not be trained on, however fresh its groups are by `max_staleness`)
         self.floor = 0
+        #: the tasks the last step trained on (rolled out and taken), by stream position
+        self.step_tasks: list[tuple[int, Task]] = []
 
     # ---- the learner's side -------------------------------------------------------------------
 
@@ -190,6 +192,12 @@ class Pipeline:
         with self._cv:
             self.floor = version
 
+    def replay(self, items: Sequence[tuple[int, Task]]) -> None:
+        """Serve these tasks again, before any new one (a rollback that replays its steps)."""
+        with self._cv:
+            for index, task in items:
+                self.tasks.requeue(index, task)
+
     def pending(self) -> list[tuple[int, Task]]:
         """Tasks admitted but not yet trained (in flight or queued), in stream order. (An evicted
         task is back in the task source, whose state the checkpoint holds.)"""
@@ -214,6 +222,7 @@ class Pipeline:
             queued, in_flight = len(self._finished), len(self._in_flight)
         out = staleness_metrics(self.taken, self.max_staleness, optimizer_steps)
         out |= horizon_metrics(self.taken, self.max_turns)
+        self.step_tasks = [(f.index, f.group.task) for f, _ in self.taken]
         self.taken = []
         return out | {
             "async/queue_depth": float(queued),

@@ -211,7 +211,7 @@ def _train(
             settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
             metrics |= settings.metrics  # health/* signals
             version, firings = health_run.carry_out(
-                parts, settings, step, state.policy_version, pipeline.roll_back, log
+                parts, settings, step, state.policy_version, pipeline, log
             )
             state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
             health_run.write_log(run_dir, firings)
@@ -230,7 +230,7 @@ def _train(
             if settings.stop is not None:  # before this step is checkpointed: the last good one stays
                 raise RunAborted(f"{settings.stop}; {_kept(run_dir)}")
             if isinstance(ring, SnapshotRing):
-                ring.capture(step)
+                ring.capture(step, pipeline.step_tasks)
             if settings.once is not None and settings.once.snapshot:  # a health rule's snapshot
                 log(f"health snapshot: {resume.save(parts, state, run_dir, cfg)}")
                 saved_step = step
