@@ -46,7 +46,10 @@ def test_mcp_time_trains_from_yaml_with_reuse_and_no_orphans(tmp_path: Path) -> 
     cfg["run"].update(output_dir=str(tmp_path / "runs"))
     cfg["model"].update(
         cache_dir=str(tmp_path / "cache"),
-        sft={"skill_steps": 30, "steps": 10, "num_episodes": 120, "batch_size": 16},
+        # the smallest model and warm start that still play every phase through the server:
+        # this test is about the env's plumbing (reuse, no orphans), not about learning
+        tiny={"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        sft={"skill_steps": 10, "steps": 5, "num_episodes": 48, "batch_size": 16},
     )
     cfg["rollout"].update(tasks_per_step=4, group_size=4)
     cfg["trainer"].update(total_steps=3, eval_every=0, eval_tasks=4)
@@ -68,8 +71,8 @@ def test_mcp_time_trains_from_yaml_with_reuse_and_no_orphans(tmp_path: Path) -> 
     assert "RL-trained : success" in out
     # the default warm start ran, on demonstrations played through the MCP env
     phases = re.findall(r"phase (\w+): (\d+) demonstrations", out)
-    assert [p for p, _ in phases] == ["skills", "mixture"] and all(int(n) > 100 for _, n in phases), out
+    assert [p for p, _ in phases] == ["skills", "mixture"] and all(int(n) >= 40 for _, n in phases), out
     pids = [int(line) for line in starts.read_text().split()]
-    # hundreds of episodes (demos, 3 steps of 16, 2 evaluations) on at most max_servers servers
+    # ~150 episodes (demos, 3 steps of 16, 2 evaluations) on at most max_servers servers
     assert 1 <= len(pids) <= max_servers, pids
     assert not [pid for pid in pids if _alive(pid)], "an MCP server outlived the run"
