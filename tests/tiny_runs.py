@@ -72,3 +72,25 @@ def save_small_llama(path: Path, tokenizer: Any) -> Path:
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def make_learner(model: Any, **overrides: Any) -> Any:
+    """A `Learner` over `model` itself (copy it first to keep it) for unit tests: no policy loss
+    (one that a test calls is given), token-mean, Adam at 1e-3, clip 1, micro-batches of 4;
+    `overrides` are any of `Learner`'s keywords."""
+    from steprl.training.learner import Learner
+
+    settings: dict[str, Any] = {
+        "policy_loss": lambda inputs: None,  # never called unless a test gives one
+        "needs_proximal": False,
+        "aggregation": "token-mean",
+        "loss_scale_factor": None,
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "betas": (0.9, 0.999),
+        "grad_clip": 1.0,
+        "micro_batch_size": 4,
+        "pad_id": 0,
+        "temperature": 1.0,
+    }
+    return Learner(model, **(settings | overrides))

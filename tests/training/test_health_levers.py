@@ -14,23 +14,11 @@ from steprl.health.actions import Levers
 from steprl.training.controllers import Adjustments
 from steprl.training.health_run import apply_levers, group_filter
 from steprl.training.learner import Learner
+from tiny_runs import make_learner
 
 
 def _learner(model: torch.nn.Module) -> Learner:
-    return Learner(
-        copy.deepcopy(model),
-        policy_loss=lambda inputs: None,  # never called here
-        needs_proximal=False,
-        aggregation="token-mean",
-        loss_scale_factor=None,
-        lr=1e-3,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        grad_clip=1.0,
-        micro_batch_size=4,
-        pad_id=0,
-        temperature=1.0,
-    )
+    return make_learner(copy.deepcopy(model))
 
 
 def test_the_levers_set_the_learning_rate_entropy_bonus_and_kl_every_step(small_model):
@@ -97,7 +85,13 @@ def test_a_rollback_serves_the_undone_steps_tasks_again_or_skips_them(tmp_path, 
     run_dir = train(cfg, log=lambda _: None).run_dir
     table = read_trajectories(run_dir / "trajectories")
     tasks = {
-        s: sorted(set(t for t, st in zip(table["task_id"].to_pylist(), table["step"].to_pylist()) if st == s))
+        s: sorted(
+            set(
+                t
+                for t, st in zip(table["task_id"].to_pylist(), table["step"].to_pylist(), strict=True)
+                if st == s
+            )
+        )
         for s in (1, 2, 3)
     }
     assert len(tasks[2]) == 2 and not set(tasks[1]) & set(tasks[2])

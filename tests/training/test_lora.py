@@ -24,7 +24,6 @@ from steprl.rollout.engines.hf import EngineSettings, HFEngine  # noqa: E402
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
 from steprl.training.batching import token_logprobs  # noqa: E402
 from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint  # noqa: E402
-from steprl.training.learner import Learner  # noqa: E402
 from steprl.training.lora import (  # noqa: E402
     AdaptersDisabled,
     LoraConfigError,
@@ -32,7 +31,7 @@ from steprl.training.lora import (  # noqa: E402
     apply_lora,
     is_peft,
 )
-from tiny_runs import small_config  # noqa: E402
+from tiny_runs import make_learner, small_config  # noqa: E402
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -93,20 +92,7 @@ def _logits(model, ids):
 
 
 def _learner(model):
-    return Learner(
-        model,
-        policy_loss=lambda inputs: None,  # never called here
-        needs_proximal=False,
-        aggregation="token-mean",
-        loss_scale_factor=None,
-        lr=1e-3,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        grad_clip=1.0,
-        micro_batch_size=4,
-        pad_id=0,
-        temperature=1.0,
-    )
+    return make_learner(model)
 
 
 # (1) only the adapters train ---------------------------------------------------------------------

@@ -10,30 +10,16 @@ import pytest
 import torch
 
 from steprl.training.batching import token_logprobs
-from steprl.training.learner import Learner
 from steprl.training.mi_probe import mi_probe, probe_groups, score_matrix
 from steprl.types import EndReason, Step, Trajectory
+from tiny_runs import make_learner
 
 KEYS = {"health/mi", "health/mi_retrieval_acc", "health/mi_retrieval_gap", "health/mi_chance"}
 KEYS |= {"health/mi_prompts", "time/health_mi_probe_s"}
 
 
 def _learner(model, temperature=1.0, pack=False):
-    return Learner(
-        copy.deepcopy(model),
-        policy_loss=lambda inputs: None,  # never called here
-        needs_proximal=False,
-        aggregation="token-mean",
-        loss_scale_factor=None,
-        lr=1e-3,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        grad_clip=1.0,
-        micro_batch_size=5,
-        pad_id=0,
-        temperature=temperature,
-        pack=pack,
-    )
+    return make_learner(copy.deepcopy(model), micro_batch_size=5, temperature=temperature, pack=pack)
 
 
 def _traj(group, prompt, action):
