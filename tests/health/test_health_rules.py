@@ -59,27 +59,29 @@ def test_tool_call_fall_grad_norm_z_and_reward_slope():
 
 
 def test_proxy_gap_and_outcome_slope_tell_a_hacked_reward_from_a_learning_one():
-    """The default `reward_hacking` rule on the fixed-phrase recipe's shape (the total reward
-    rises on a phrase while the outcome component falls) and on a healthy run's (both rise, the
-    format penalty fading on top)."""
+    """The default `off_task_reward` and `reward_hacking` rules on the fixed-phrase recipe's
+    shape: learning (both rise, a format penalty fading on top), then the total rising on a
+    phrase while the outcome component stays flat (an alert), then falls (a stop)."""
 
     def rows(total, outcome):
         return [
             {"reward/mean": t, "reward_component/outcome": o} for t, o in zip(total, outcome, strict=True)
         ]
 
-    hacked = rows([1.0, 1.1, 1.25, 1.4, 1.5, 1.7, 1.8], [0.8, 0.8, 0.75, 0.72, 0.7, 0.66, 0.62])
-    assert signal_value("outcome_slope", hacked) == pytest.approx(-0.034)
-    assert signal_value("proxy_gap", hacked) == pytest.approx(0.17543, abs=1e-5)
-    learning = rows([0.1, 0.2, 0.3, 0.35, 0.45, 0.5, 0.52], [0.4, 0.45, 0.5, 0.5, 0.55, 0.56, 0.55])
-    assert signal_value("proxy_gap", learning) < 0.08 and signal_value("outcome_slope", learning) > 0
-    assert signal_value("proxy_gap", hacked[:5]) is None  # 6 steps needed
+    learning = rows(
+        [0.1, 0.2, 0.3, 0.35, 0.45, 0.5, 0.52, 0.56, 0.6], [0.4, 0.45, 0.5, 0.5, 0.55, 0.56, 0.55, 0.58, 0.6]
+    )
+    off_task = rows([0.7, 0.8, 0.9, 1.0, 1.1, 1.2], [0.6, 0.59, 0.6, 0.61, 0.6, 0.6])
+    hacked = rows([1.3, 1.4, 1.5, 1.6, 1.7, 1.8], [0.55, 0.5, 0.45, 0.4, 0.35, 0.3])
+    assert signal_value("proxy_gap", learning) == pytest.approx(0.036310, abs=1e-6)  # > 0.02 ...
+    assert signal_value("outcome_slope", learning) == pytest.approx(0.019167, abs=1e-6)  # ... but it learns
+    assert signal_value("proxy_gap", learning[:7]) is None  # 8 steps needed
 
     m = HealthMonitor.from_config(load_config(None, []))  # the default rules
-    out = [m.observe(StepReport(s, r)) for s, r in enumerate([*learning, *hacked], start=1)]
-    fired = [(a.events[0]["rule"], s) for s, a in enumerate(out, start=1) if a.events]
-    assert fired == [("reward_hacking", 14)]  # holds from step 13, 2 steps in a row
-    assert out[13].stop is not None and "'reward_hacking'" in out[13].stop
+    out = [m.observe(StepReport(s, r)) for s, r in enumerate([*learning, *off_task, *hacked], start=1)]
+    fired = [(e["rule"], s) for s, a in enumerate(out, start=1) for e in a.events]
+    assert fired[:2] == [("off_task_reward", 16), ("reward_hacking", 18)]
+    assert out[15].stop is None and out[17].stop is not None and "'reward_hacking'" in out[17].stop
 
 
 def _monitor(rules, **kw):

@@ -18,10 +18,14 @@ Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
 - `tool_abandonment`: the tool-call rate lost a third of its peak (healthy runs: < 0.05): the
   silent failure of a user's own env. An alert naming it (what to do is the user's call: the
   expert, the reward).
-- `reward_hacking`: the task's own reward component falls while the total reward rises faster
-  (`outcome_slope`, `proxy_gap` over 6 steps), 2 steps in a row: the policy is being paid for
-  something other than the task (the fixed-phrase recipe). Stop, keeping the last good
-  checkpoint: undoing steps cannot help while the reward still pays the shortcut.
+- `off_task_reward`: over 8 steps the total reward rises faster than the task's own component
+  (`proxy_gap` > 0.02 per step) while that one does not rise (`outcome_slope` < 0.005), 2 steps
+  in a row: the policy is being paid for something other than the task (a phrase, a format
+  bonus, or only a cheaper way to the same success). An alert: the early warning (13 steps
+  before held-out success fell, fixed-phrase recipe seed 0; controls <= 0.001).
+- `reward_hacking`: the same while the task's own component falls (`outcome_slope` < -0.01):
+  the shortcut now costs the task. Stop, keeping the last good checkpoint: undoing steps cannot
+  help while the reward still pays the shortcut.
 - `template_collapse`: the probe's retrieval accuracy within 0.05 of chance: outputs no longer
   depend on the input (RAGEN-2). Stop, keeping the last good checkpoint. Needs health.mi_every.
 """
@@ -80,8 +84,17 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "then": "alert",
     },
     {
+        "name": "off_task_reward",
+        "when": [{"signal": "outcome_slope", "below": 0.005}, {"signal": "proxy_gap", "above": 0.02}],
+        "steps": 2,
+        "actions": ["alert"],
+        "cooldown": 10,
+        "budget": 3,
+        "then": "alert",
+    },
+    {
         "name": "reward_hacking",
-        "when": [{"signal": "outcome_slope", "below": -0.01}, {"signal": "proxy_gap", "above": 0.08}],
+        "when": [{"signal": "outcome_slope", "below": -0.01}, {"signal": "proxy_gap", "above": 0.02}],
         "steps": 2,
         "actions": ["alert", "stop"],
         "cooldown": 0,

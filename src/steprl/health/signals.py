@@ -85,7 +85,7 @@ def reward_slope(window: Window) -> float | None:
     return _slope(ys) if len(ys) >= 5 else None
 
 
-PROXY_WINDOW = 6  # steps: long enough that a group-sampling wobble is not a trend
+PROXY_WINDOW = 8  # steps: long enough that a group-sampling wobble is not a trend
 OUTCOME = "reward_component/outcome"
 
 
