@@ -10,7 +10,7 @@ Runs (each `steprl train` in its own process, in the small shape below):
 * the collapse recipes (configs/health_{lr20,phrase,flat,guess}.yaml), seeds 0, 1, 2, with the
   default rules observing (`health.act=false`: they fire and are recorded, nothing is done), the
   phrase recipe with RAGEN-2's MI probe every 4 steps (`health.mi_every=4`);
-* the same recipes once more with the default rules acting (seed 0);
+* the same recipes once more with the default rules acting (seeds 0, 1, 2);
 * three healthy controls, seeds 0, 1, 2, rules on: the default demo, the demo at twice its
   learning rate, and the demo with Dr. GRPO's advantage (no std division). (The bandit and
   FrozenLake were planned; their SFT warm starts took too long on a shared 2-core machine.)
@@ -103,7 +103,8 @@ class Job:
 
 def plan(only: set[str] | None, *, observe_controls: bool = False) -> list[Job]:
     """Every run of the benchmark (see the module docstring): seed 0 of everything first (the
-    observing collapse runs, the controls, the acting runs, the cost run), then seeds 1 and 2.
+    observing collapse runs, the controls, the acting runs, the cost run), then seeds 1 and 2
+    (observing, controls, acting).
     `observe_controls`: the controls observe too (a control on which no rule fires is the same
     run either way, and its logged metrics can be replayed under other rules)."""
     control = "observe" if observe_controls else "on"
@@ -113,6 +114,7 @@ def plan(only: set[str] | None, *, observe_controls: bool = False) -> list[Job]:
     jobs += [Job("demo", 0, "off")] if "demo" in names else []
     for seed in SEEDS[1:]:
         jobs += [Job(n, seed, "observe" if RECIPES[n].collapse else control) for n in names]
+        jobs += [Job(n, seed, "act") for n in names if RECIPES[n].collapse]
     return jobs
 
 

@@ -108,21 +108,42 @@ def replay(run: Run, rules: Any = None) -> list[dict[str, Any]]:
     DEFAULT_RULES) make over the run's logged metrics, observing: the same records the monitor
     writes online, as long as no rule acted in the run (observe runs, runs without firings).
     So a run made under older rules is read with today's."""
-    from steprl.config import load_config  # noqa: PLC0415 - the benchmark's venv has steprl
-    from steprl.training.controllers import StepReport  # noqa: PLC0415
-    from steprl.training.controllers.health import HealthMonitor  # noqa: PLC0415
+    return _replayed(run, rules)[0]
 
-    sets = ["health.act=false", *([f"health.rules={rules}"] if rules is not None else [])]
-    monitor = HealthMonitor.from_config(load_config(None, sets))
-    firings: list[dict[str, Any]] = []
-    for row in run.rows:
-        if int(row.get("step", 0)) < 1:
-            continue  # the warm start's row: the monitor sees trained steps only
-        numbers = {
-            k: float(v) for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)
-        }
-        firings += monitor.observe(StepReport(int(row["step"]), numbers)).events
-    return firings
+
+def replayed_signal(run: Run, name: str) -> list[tuple[int, float]]:
+    """Today's signal `name` over the run's logged metrics, per step (as `Run.signal`, but with
+    the signal's current definition, whatever code the run was made with)."""
+    key = f"health/{name}"
+    return [(step, row[key]) for step, row in _replayed(run, None)[1] if key in row]
+
+
+def _replayed(run: Run, rules: Any) -> tuple[list[dict[str, Any]], list[tuple[int, dict[str, float]]]]:
+    key = (run.name, run.started, repr(rules))
+    if key not in _REPLAYS:
+        from steprl.config import load_config  # noqa: PLC0415 - the benchmark's venv has steprl
+        from steprl.training.controllers import StepReport  # noqa: PLC0415
+        from steprl.training.controllers.health import HealthMonitor  # noqa: PLC0415
+
+        sets = ["health.act=false", *([f"health.rules={rules}"] if rules is not None else [])]
+        monitor = HealthMonitor.from_config(load_config(None, sets))
+        firings: list[dict[str, Any]] = []
+        signals: list[tuple[int, dict[str, float]]] = []
+        for row in run.rows:
+            if int(row.get("step", 0)) < 1:
+                continue  # the warm start's row: the monitor sees trained steps only
+            numbers = {
+                k: float(v) for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)
+            }
+            out = monitor.observe(StepReport(int(row["step"]), numbers))
+            firings += out.events
+            probe = {k: v for k, v in numbers.items() if k.startswith("health/mi")}  # the probe's own
+            signals.append((int(row["step"]), {**out.metrics, **probe}))
+        _REPLAYS[key] = (firings, signals)
+    return _REPLAYS[key]
+
+
+_REPLAYS: dict[tuple[str, str, str], tuple[list[dict[str, Any]], list[tuple[int, dict[str, float]]]]] = {}
 
 
 def first_alarm(run: Run, firings: Sequence[Mapping[str, Any]] | None = None) -> tuple[int | None, str]:
@@ -280,7 +301,7 @@ def calibration(
 ) -> list[str]:
     """Each signal's range on the healthy controls vs on the collapse runs in the steps up to
     5 steps before their collapse (the values a rule would have to fire on to lead by 5)."""
-    controls = [r for n, r in runs.items() if "_on_s" in n]
+    controls = [r for n, r in runs.items() if _is_control(n, recipes)]
     out = [
         "### Signal ranges: healthy controls (all steps) vs collapse runs (steps <= collapse - 5)",
         "",
@@ -288,7 +309,7 @@ def calibration(
         "|---|---|" + "---|" * sum(1 for r in recipes.values() if r.collapse),
     ]
     for sig in CALIBRATION_SIGNALS:
-        vals = [v for r in controls for _, v in r.signal(sig)]
+        vals = [v for r in controls for _, v in replayed_signal(r, sig)]
         row = f"| {sig} | {_fmt(min(vals), 3) if vals else '-'} .. {_fmt(max(vals), 3) if vals else '-'} |"
         for name, r in recipes.items():
             if not r.collapse:
@@ -300,10 +321,19 @@ def calibration(
                     continue
                 step, _, _ = collapse(run.evals, eval_tasks)
                 limit = (step - 5) if step is not None else 10**9
-                cv += [v for s, v in run.signal(sig) if s <= limit]
+                cv += [v for s, v in replayed_signal(run, sig) if s <= limit]
             row += f" {_fmt(min(cv), 3)} .. {_fmt(max(cv), 3)} |" if cv else " - |"
         out.append(row)
     return out
+
+
+def _is_control(name: str, recipes: Mapping[str, Any]) -> bool:
+    """A healthy control's run, its rules on or observing (`demo_on_s0`, `demo_lr2_observe_s1`)."""
+    for mode in ("_on_s", "_observe_s"):
+        base = name.rsplit(mode, 1)[0] if mode in name else None
+        if base in recipes and not recipes[base].collapse:
+            return True
+    return False
 
 
 def curves(runs: Mapping[str, Run], recipes: Mapping[str, Any], seeds: Sequence[int]) -> None:
@@ -315,7 +345,7 @@ def curves(runs: Mapping[str, Run], recipes: Mapping[str, Any], seeds: Sequence[
 
     DOC_IMAGES.mkdir(parents=True, exist_ok=True)
     for name, r in recipes.items():
-        modes = ("observe", "act") if r.collapse else ("on",)
+        modes = ("observe", "act") if r.collapse else ("on", "observe")
         mine = [(f"{name}_{m}_s{s}", m, s) for m in modes for s in seeds if f"{name}_{m}_s{s}" in runs]
         if not mine:
             continue
@@ -327,10 +357,10 @@ def curves(runs: Mapping[str, Run], recipes: Mapping[str, Any], seeds: Sequence[
             (line,) = axes[0].plot(
                 *zip(*run.evals, strict=True), style, marker="o", ms=3, label=f"{mode} s{seed}"
             )
-            for f in run.firings:
+            for f in run.firings if mode == "act" else replay(run):  # acting: what was done
                 axes[0].axvline(int(f["step"]), color=line.get_color(), alpha=0.25, lw=1)
             for ax, sig in zip(axes[1:], sigs, strict=True):
-                pts = run.signal(sig)
+                pts = replayed_signal(run, sig) if mode != "act" else run.signal(sig)
                 if pts:
                     ax.plot(*zip(*pts, strict=True), style, color=line.get_color(), lw=1)
                 ax.set_ylabel(sig, fontsize=8)
