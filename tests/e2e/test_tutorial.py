@@ -86,6 +86,10 @@ def test_the_tutorial_runs_as_written(workdir: Path) -> None:
     assert len(trains) == 4
     for line, out in trains.items():
         assert "RL-trained : success" in out, line
+    # one warm start: by entry point, by import path and with --plugin it is the same env
+    assert [("fresh SFT" in out, "cached SFT" in out) for out in trains.values()] == [(True, False)] + [
+        (False, True)
+    ] * 3, [re.findall(r"policy: .*", out) for out in trains.values()]
     backends = [re.search(r"on the (\w+) backend", out) for out in trains.values()]
     assert sorted(m.group(1) for m in backends if m) == ["http", "inprocess", "inprocess", "ray"]
     assert any("reverse: ok" in out for line, out in outputs.items() if line.startswith("steprl check-env"))

@@ -70,7 +70,7 @@ def warm_start_cache(cfg: Config, run: setup.RunEnvs, tasks: list[Task]) -> Warm
             "recipe": SFT_RECIPE_VERSION,
             "tiny": cfg.model.tiny.model_dump(),
             "sft": cfg.model.sft.model_dump(),
-            "env": cfg.env.model_dump(),
+            "env": _env_key(cfg, run),
             "system_prompt": setup.system_prompt_mode(cfg),  # part of every demonstration's tokens
             "rollout": [cfg.rollout.context, cfg.rollout.keep_last_k, *setup.budgets(cfg)],  # shape demos
             "seed": cfg.run.seed,
@@ -83,8 +83,20 @@ def warm_start_cache(cfg: Config, run: setup.RunEnvs, tasks: list[Task]) -> Warm
         f"{len(tasks)} tasks": _digest(repr(t) for t in tasks),
     }
     key = _digest(parts.values())
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", run.name)  # an import path, a family id, a list
+    shown = run.name if run.several else run.envs[0].spec.name  # an import path: its spec's name
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", shown)  # a family id, a list
     return WarmStart(cache_root(cfg.model.cache_dir) / f"tiny-{name}-{key}", parts)
+
+
+def _env_key(cfg: Config, run: setup.RunEnvs) -> dict[str, Any]:
+    """The env section as the warm start depends on it: one env by the name of the spec it
+    resolves to (an entry point, an import path or a plugin's registration of one env are one
+    warm start), without `env.plugins` (which modules register it changes no demonstration)."""
+    env = cfg.env.model_dump()
+    env.pop("plugins", None)
+    if not run.several:
+        env["name"] = run.envs[0].spec.name
+    return env
 
 
 def _digest(texts: Iterable[str]) -> str:
