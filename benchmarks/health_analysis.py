@@ -254,7 +254,7 @@ def report(out: Path, recipes: Mapping[str, Any], seeds: Sequence[int], *, eval_
     if on and off and on.evals and off.evals:
         lines += [
             "",
-            "### Cost on a healthy run (default demo, seed 0; wall times compare only when the two ran alone)",
+            "### Cost on a healthy run (default demo, seed 0; wall times compare when both ran alone)",
             "",
             "| health | wall s | final success |",
             "|---|---|---|",
