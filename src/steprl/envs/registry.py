@@ -79,6 +79,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         code_interpreter,
         collapse,
         echo,
+        gridwalk,
         guess_number,
         horizon,
         latency,
@@ -112,6 +113,7 @@ def _builtin_specs() -> dict[str, EnvSpec]:
         "corridor": horizon.SPEC,  # needs exactly k turns: horizon curricula (benchmarks/steering_horizon.py)
         **collapse.SPECS,  # calculator_phrase, calculator_flat: induced collapses (benchmarks/health.py)
         "guess_number": guess_number.SPEC,  # a probe tool the policy may abandon (tool abandonment)
+        "gridwalk": gridwalk.SPEC,  # every step labelled optimal or not: scores learned step credit
     }
 
 
