@@ -35,6 +35,7 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env["PYTHONUNBUFFERED"] = "1"
+    env["COLUMNS"] = "400"  # rich wraps at the terminal width: one log line stays one line
     return env
 
 
@@ -86,10 +87,13 @@ def test_the_tutorial_runs_as_written(workdir: Path) -> None:
     assert len(trains) == 4
     for line, out in trains.items():
         assert "RL-trained : success" in out, line
-    # one warm start: by entry point, by import path and with --plugin it is the same env
-    assert [("fresh SFT" in out, "cached SFT" in out) for out in trains.values()] == [(True, False)] + [
-        (False, True)
-    ] * 3, [re.findall(r"policy: .*", out) for out in trains.values()]
+    # one warm start: by entry point, by import path and with --plugin it is the same env (the
+    # first run builds it unless an earlier run of this test left it in the suite's cache)
+    policies = [
+        re.search(r"policy: (?:fresh SFT \(cached to |cached SFT \()(\S+?)\)", out) for out in trains.values()
+    ]
+    assert all(policies) and len({p.group(1) for p in policies if p}) == 1, policies
+    assert all("cached SFT" in out for out in list(trains.values())[1:]), policies
     backends = [re.search(r"on the (\w+) backend", out) for out in trains.values()]
     assert sorted(m.group(1) for m in backends if m) == ["http", "inprocess", "inprocess", "ray"]
     assert any("reverse: ok" in out for line, out in outputs.items() if line.startswith("steprl check-env"))

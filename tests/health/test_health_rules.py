@@ -84,6 +84,24 @@ def test_proxy_gap_and_outcome_slope_tell_a_hacked_reward_from_a_learning_one():
     assert out[15].stop is None and out[17].stop is not None and "'reward_hacking'" in out[17].stop
 
 
+def test_a_fading_format_penalty_is_learning_not_an_off_task_reward():
+    """The ordinary early-training pattern (envs/rewards.py): the format penalty fades while the
+    outcome stays flat, with sampling noise. The total rises faster than the outcome, but what
+    it rises on is a penalty's recovery: neither reward rule fires."""
+    import random
+
+    rng = random.Random(0)
+    m = HealthMonitor.from_config(load_config(None, []))
+    for step in range(1, 31):
+        outcome = 0.3 + rng.gauss(0, 0.06)
+        fmt = -0.3 * max(0.0, 1 - step / 10)
+        row = {"reward/mean": outcome + fmt, "reward_component/outcome": outcome}
+        row["reward_component/format"] = fmt
+        out = m.observe(StepReport(step, row))
+        assert signal_value("proxy_gap", m.history) in (None, pytest.approx(0.0, abs=1e-9))
+        assert not [e for e in out.events if e["rule"] in ("off_task_reward", "reward_hacking")], step
+
+
 def _monitor(rules, **kw):
     cfg = load_config(None, [f"health.rules={rules}", *[f"health.{k}={v}" for k, v in kw.items()]])
     return HealthMonitor.from_config(cfg)

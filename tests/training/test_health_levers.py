@@ -5,6 +5,8 @@ it scales, and the group filter's strength; `kl_scale` on a run without a KL ter
 from __future__ import annotations
 
 import copy
+import io
+import json
 
 import pytest
 import torch
@@ -83,6 +85,9 @@ def test_a_rollback_serves_the_undone_steps_tasks_again_or_skips_them(tmp_path, 
         "configs/calculator_tiny.yaml", [*sets, f"run.output_dir={tmp_path}", f"health.rules={rule}"]
     )
     run_dir = train(cfg, log=lambda _: None).run_dir
+    fired = [json.loads(line) for line in (run_dir / "health.jsonl").read_text().splitlines()]
+    assert [(f["step"], f["rule"]) for f in fired] == [(2, "undo")]
+    assert "restored the weights of step 1" in fired[0]["outcome"], fired
     table = read_trajectories(run_dir / "trajectories")
     tasks = {
         s: sorted(
@@ -99,3 +104,27 @@ def test_a_rollback_serves_the_undone_steps_tasks_again_or_skips_them(tmp_path, 
         assert tasks[3] == tasks[2]
     else:
         assert not set(tasks[3]) & (set(tasks[1]) | set(tasks[2]))
+
+
+def test_the_ring_serves_each_undone_steps_tasks_once_and_round_trips(small_model):
+    """`rollback {k: 2, replay: true}` reads the tasks of the kept steps after the one restored;
+    those steps are dropped from the ring, so a second rollback neither restores weights the
+    first undid nor serves their tasks twice; the ring's state (tasks as plain data) loads back
+    with `weights_only=True`."""
+    from steprl.training.health_snapshots import SnapshotRing
+    from steprl.types import Task
+
+    ring = SnapshotRing(_learner(small_model), size=4)
+    task = {i: Task(f"t{i}", "q", "calculator", params={"i": i}) for i in range(12)}
+    for step in range(1, 5):  # steps 1-4 took tasks 2s-2 and 2s-1
+        ring.capture(step, [(2 * step - 2, task[2 * step - 2]), (2 * step - 1, task[2 * step - 1])])
+    assert ring.restore(2, 4) == 2 and [i for i, _ in ring.trained_after(2)] == []  # 3, 4 dropped
+    assert ring.steps == [1, 2]
+    ring.capture(5, ())  # the rollback's step: the restored weights, its tasks requeued
+    ring.capture(6, [(4, task[4]), (5, task[5])])  # a replayed step
+    assert [i for i, _ in ring.trained_after(1)] == [2, 3, 4, 5]  # each once
+    buffer = io.BytesIO()
+    torch.save(ring.state_dict(), buffer)
+    again = SnapshotRing(_learner(small_model), size=4)
+    again.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    assert again.steps == ring.steps and again.trained_after(1) == ring.trained_after(1)

@@ -120,11 +120,6 @@ class IncompleteEnv(UserError, TypeError):
     """An env factory built an object that lacks a member of `Env` (found before any episode)."""
 
 
-class EnvParamsError(UserError, ValueError):
-    """An env factory refused its params (`env.params`): a ValueError or TypeError it raised
-    while the run built its first env, before any episode or any output."""
-
-
 #: What every env must have (the members of `Env` without a default for every class: `tools` has one).
 ENV_MEMBERS = ("system_prompt", "stop_strings", "reset", "step", "close")
 

@@ -18,11 +18,12 @@ Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
 - `tool_abandonment`: the tool-call rate lost a third of its peak (healthy runs: < 0.05): the
   silent failure of a user's own env. An alert naming it (what to do is the user's call: the
   expert, the reward).
-- `off_task_reward`: over 8 steps the total reward rises faster than the task's own component
-  (`proxy_gap` > 0.02 per step) while that one does not rise (`outcome_slope` < 0.005), 2 steps
-  in a row: the policy is being paid for something other than the task (a phrase, a format
-  bonus, or only a cheaper way to the same success). An alert: the early warning (13 steps
-  before held-out success fell, fixed-phrase recipe seed 0; controls <= 0.001).
+- `off_task_reward`: over 8 steps the reward paid for something other than the outcome, its
+  penalties and costs grows (`proxy_gap` > 0.02 per step) while the task's own component does
+  not rise (`outcome_slope` < 0.005), 2 steps in a row: the policy is being paid for something
+  other than the task (a phrase, a bonus). A fading format penalty is not counted (that is
+  learning). An alert: the early warning (13, 6, 4 steps before held-out success fell on the
+  fixed-phrase recipe's seeds 0, 1, 2; controls 0).
 - `reward_hacking`: the same while the task's own component falls (`outcome_slope` < -0.01):
   the shortcut now costs the task. Stop, keeping the last good checkpoint: undoing steps cannot
   help while the reward still pays the shortcut.

@@ -87,16 +87,25 @@ def reward_slope(window: Window) -> float | None:
 
 PROXY_WINDOW = 8  # steps: long enough that a group-sampling wobble is not a trend
 OUTCOME = "reward_component/outcome"
+#: the shaping components whose recovery is learning, not a shortcut: penalties and costs, <= 0
+#: by contract (envs/rewards.py: a format penalty fading is the ordinary early-training pattern)
+PENALTIES = ("reward_component/format", "reward_component/cost")
 
 
-def _paired(window: Window) -> tuple[list[float], list[float]]:
-    """(`reward/mean`, the outcome component) over the last PROXY_WINDOW steps holding both."""
-    rows = [
-        r
-        for r in window[-PROXY_WINDOW:]
-        if all(r.get(k) is not None and math.isfinite(r[k]) for k in ("reward/mean", OUTCOME))
-    ]
-    return [float(r["reward/mean"]) for r in rows], [float(r[OUTCOME]) for r in rows]
+def _paid(window: Window) -> list[float]:
+    """Per step over the last PROXY_WINDOW steps: the mean reward paid for something other than
+    the outcome, its penalties and its costs (`reward/mean` minus those components: a phrase
+    bonus, a partial credit; 0 for an env whose reward is outcome + penalties)."""
+    out = []
+    for r in window[-PROXY_WINDOW:]:
+        total, outcome = r.get("reward/mean"), r.get(OUTCOME)
+        if total is None or outcome is None or not (math.isfinite(total) and math.isfinite(outcome)):
+            continue
+        penalties = [r.get(k) for k in PENALTIES]
+        if any(p is not None and not math.isfinite(p) for p in penalties):
+            continue
+        out.append(float(total) - float(outcome) - sum(float(p) for p in penalties if p is not None))
+    return out
 
 
 def outcome_slope(window: Window) -> float | None:
@@ -107,12 +116,12 @@ def outcome_slope(window: Window) -> float | None:
 
 
 def proxy_gap(window: Window) -> float | None:
-    """slope(total reward) - slope(outcome component), per step, over the last PROXY_WINDOW
-    steps: how much faster the reward the policy is paid rises than the task's own. Near 0
-    when they move together (the healthy case); large while the total rises on something
-    other than the outcome (a phrase, a format bonus: the reward is being hacked)."""
-    total, outcome = _paired(window)
-    return _slope(total) - _slope(outcome) if len(total) >= PROXY_WINDOW else None
+    """Slope per step, over the last PROXY_WINDOW steps, of the reward paid for something other
+    than the outcome (`_paid`): 0 for an env whose reward is its outcome plus penalties and
+    costs (a fading format penalty does not count: that is learning); positive while a bonus
+    the task does not need grows (a fixed phrase: the reward is being hacked)."""
+    paid = _paid(window)
+    return _slope(paid) if len(paid) >= PROXY_WINDOW else None
 
 
 def _band(xs: Sequence[float]) -> tuple[float, float]:
@@ -181,8 +190,8 @@ SIGNALS: dict[str, SignalSpec] = {
     ),
     "proxy_gap": SignalSpec(
         proxy_gap,
-        ("reward/mean", OUTCOME),
-        "slope of the total reward minus that of its outcome component",
+        ("reward/mean", OUTCOME, *PENALTIES),
+        "slope of the reward paid for other than the outcome, penalties and costs",
         PROXY_WINDOW,
     ),
     "zero_var_share": SignalSpec(

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from steprl.envs.base import Env, EnvParamsError, IncompleteEnv, missing_members
+from steprl.envs.base import Env, IncompleteEnv, missing_members
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
-from steprl.envs.registry import get_spec, load_plugins
+from steprl.envs.registry import EnvParamsError, get_spec, load_plugins
 from steprl.extras import require_extra
 from steprl.types import Task
 
@@ -54,7 +54,7 @@ class InProcessBackend:
         episode would fail on them). Call outside an event loop."""
         try:
             env = self._factory(**self._params)
-        except (ValueError, TypeError) as exc:  # a value the factory checks (other errors: bugs)
+        except ValueError as exc:  # a value the factory checks (other errors keep their traceback)
             raise EnvParamsError(
                 f"env {self._name!r} refused env.params {self._params}: {type(exc).__name__}: {exc}"
             ) from exc

@@ -27,7 +27,7 @@ class SnapshotRing:
         self.snaps: list[dict[str, Any]] = []
 
     def capture(self, step: int, trained: Sequence[tuple[int, Task]] = ()) -> None:
-        """The weights and optimizer at the end of `step`, and the tasks it trained on (their
+        """The weights and optimizer at the end of `step`, and the tasks it took (with their
         stream positions: a rollback with replay serves them again)."""
         snap = {
             "params": [p.detach().clone() for p in self.learner.params],
@@ -37,7 +37,7 @@ class SnapshotRing:
         self.steps, self.snaps = [*self.steps, step][-self.size :], [*self.snaps, snap][-self.size :]
 
     def trained_after(self, step: int) -> list[tuple[int, Task]]:
-        """The tasks the kept steps after `step` trained on, in stream order."""
+        """The tasks the kept steps after `step` took, in stream order."""
         out = [
             t
             for s, snap in zip(self.steps, self.snaps, strict=True)
@@ -54,6 +54,9 @@ class SnapshotRing:
         want = step - back
         i = max((i for i, s in enumerate(self.steps) if s <= want), default=0)
         snap = self.snaps[i]
+        # the kept steps after it are undone: a later rollback must neither restore them nor
+        # serve their tasks again
+        self.steps, self.snaps = self.steps[: i + 1], self.snaps[: i + 1]
         with torch.no_grad():
             for p, saved in zip(self.learner.params, snap["params"], strict=True):
                 p.copy_(saved)

@@ -19,8 +19,9 @@ Versions and staleness (`rollout.max_staleness` = k, counted in policy versions)
 - Eviction when consumed: the learner takes the oldest finished groups first; one whose staleness
   is over k (it was overtaken while its episodes ran) is dropped, counted, and its task given
   back to the task source (`requeue`), which re-issues it first, to run again on the current
-  weights. No task is lost or trained twice. Every group trained is shown to the source
-  (`observe`), in stream order, so the order a learning source sees never depends on timing.
+  weights. No task is lost or trained twice (but by a health rollback with `replay`, on purpose).
+  Every group trained is shown to the source (`observe`), in stream order, so the order a
+  learning source sees never depends on timing.
 - k = 0 is synchronous training on this same path: the window opens only when the learner asks,
   so the step's tasks all run on the current weights while the learner waits, exactly as before.
 
@@ -142,7 +143,7 @@ class Pipeline:
         #: the oldest version a trained token may come from (a rollback's: the policy it undid
         #: must not be trained on, however fresh its groups are by `max_staleness`)
         self.floor = 0
-        #: the tasks the last step trained on (rolled out and taken), by stream position
+        #: the tasks the last step took (rolled out; trained, or filtered out), by stream position
         self.step_tasks: list[tuple[int, Task]] = []
 
     # ---- the learner's side -------------------------------------------------------------------

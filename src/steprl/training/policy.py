@@ -21,6 +21,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env, EnvTimeout
 from steprl.envs.deadline import take_tasks
+from steprl.envs.registry import get_spec
 from steprl.errors import UserError
 from steprl.models import qwen3_testbed, tiny
 from steprl.models.sources import DTYPES, cache_root, check_device_dtype, load_pretrained
@@ -83,20 +84,30 @@ def warm_start_cache(cfg: Config, run: setup.RunEnvs, tasks: list[Task]) -> Warm
         f"{len(tasks)} tasks": _digest(repr(t) for t in tasks),
     }
     key = _digest(parts.values())
-    shown = run.name if run.several else run.envs[0].spec.name  # an import path: its spec's name
+    one = run.envs[0].spec
+    shown = one.name if not run.several and _names_itself(one) else run.name
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", shown)  # a family id, a list
     return WarmStart(cache_root(cfg.model.cache_dir) / f"tiny-{name}-{key}", parts)
 
 
 def _env_key(cfg: Config, run: setup.RunEnvs) -> dict[str, Any]:
-    """The env section as the warm start depends on it: one env by the name of the spec it
-    resolves to (an entry point, an import path or a plugin's registration of one env are one
-    warm start), without `env.plugins` (which modules register it changes no demonstration)."""
+    """The env section as the warm start depends on it, without `env.plugins` (which modules
+    register an env changes no demonstration) and with one env named by its spec's name when
+    that name resolves to this very spec (an entry point, an import path to the object it loads
+    and a plugin's registration of it are one warm start). A spec whose name means another
+    object (an import path to a variant with other bound params) keeps the config's name."""
     env = cfg.env.model_dump()
     env.pop("plugins", None)
-    if not run.several:
+    if not run.several and _names_itself(run.envs[0].spec):
         env["name"] = run.envs[0].spec.name
     return env
+
+
+def _names_itself(spec: Any) -> bool:
+    try:
+        return get_spec(spec.name) is spec
+    except UserError:  # its name is registered nowhere
+        return False
 
 
 def _digest(texts: Iterable[str]) -> str:

@@ -229,8 +229,9 @@ def _train(
             progress.update(step, metrics)
             if settings.stop is not None:  # before this step is checkpointed: the last good one stays
                 raise RunAborted(f"{settings.stop}; {_kept(run_dir)}")
-            if isinstance(ring, SnapshotRing):
-                ring.capture(step, pipeline.step_tasks)
+            if isinstance(ring, SnapshotRing):  # after a rollback: the restored weights, no tasks
+                rolled_back = settings.once is not None and settings.once.rollback
+                ring.capture(step, () if rolled_back else pipeline.step_tasks)
             if settings.once is not None and settings.once.snapshot:  # a health rule's snapshot
                 log(f"health snapshot: {resume.save(parts, state, run_dir, cfg)}")
                 saved_step = step
