@@ -46,6 +46,7 @@ from steprl.config_sections import (
     RunSection,
     Section,
     SFTSection,
+    StepRewardSection,
     TaskFileSection,
     TinySection,
 )
@@ -177,6 +178,7 @@ class AlgorithmSection(Section):
     filter_regenerations: int = Field(0, ge=0)  # DAPO: roll out more tasks until the batch is full
     min_abs_advantage: float = Field(0.0, ge=0)  # LOOP: drop trajectories with |A| below this
     overlong: dict[str, float] | None = None  # DAPO shaping: {max_len: 120, cache_len: 30, penalty: 1.0}
+    step_reward: StepRewardSection | None = None  # a learned step reward (docs/algorithms.md)
 
     @field_validator("advantage")
     @classmethod
@@ -465,6 +467,7 @@ __all__ = [
     "RuntimeSection",
     "SFTSection",
     "Section",
+    "StepRewardSection",
     "TaskFileSection",
     "TinySection",
     "TrainerSection",

@@ -184,3 +184,26 @@ class EnvSection(EnvEntry):
         if self.source == "auto":
             return "mixture" if self.mix else "stream"
         return self.source
+
+
+class DriftSection(Section):
+    """`algorithm.step_reward.drift`: the guard that takes a step reward's weight away when it
+    stops agreeing with outcomes (training/step_rewards/credit.py)."""
+
+    min_tau: float = Field(0.1, ge=-1, le=1)  # Kendall tau (summed step reward vs outcome) floor
+    patience: int = Field(2, gt=0)  # steps in a row below it before the weight is cut
+    decay: float = Field(0.5, ge=0, lt=1)  # the weight's factor at each cut (under 1% of it: 0)
+    after_fits: int = Field(2, ge=0)  # a trained kind is watched after this many fits
+
+
+class StepRewardSection(Section):
+    """`algorithm.step_reward`: a step-reward model trained beside the policy. `kind` is a name
+    of `training/step_rewards: STEP_REWARDS` (istar, progress, mc_value, policy_gain) or the
+    import path of your own; `params` its keyword arguments (checked when the run starts)."""
+
+    kind: str
+    weight: float = Field(0.5, ge=0)  # alpha: A = A_episode + alpha * A_step (or alpha * r in rewards)
+    fit_every: int = Field(1, gt=0)  # fit the model every this many RL steps
+    mode: Literal["advantage", "reward"] = "advantage"
+    params: dict[str, Any] = {}
+    drift: DriftSection = DriftSection()

@@ -127,6 +127,7 @@ def test_mask_keeps_a_cut_episode_in_the_baseline_and_trains_none_of_its_rows():
         learner=None,
         policy=SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0)),
         advantage_fn=lambda x: ADVANTAGES["grpo"](x, scale_by_std=False),
+        step_credit=None,
     )
     batches = {
         mask: make_batch([group], parts, algo, env_ids={}, settings=Adjustments(), mask_cut=mask)  # type: ignore[arg-type]

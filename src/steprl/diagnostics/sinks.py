@@ -285,6 +285,9 @@ TRAJECTORY_SCHEMA = pa.schema(
         # per step, per action token: the advantage the learner trained that token with; null
         # for an episode not trained on (filtered out, failed in the env, a held-out episode)
         ("advantages", pa.list_(pa.list_(pa.float32()))),
+        # per step: the learned step reward (algorithm.step_reward) it was scored with; null
+        # without a step-reward model and for an episode it did not score
+        ("step_credit", pa.list_(pa.float64())),
     ]
 )
 TEXT_FIELDS = [
@@ -303,6 +306,7 @@ def trajectory_row(
     step: int = 0,
     advantages: Sequence[Sequence[float]] | None = None,
     decode: Callable[[Sequence[int]], str] | None = None,
+    step_credit: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """A `Trajectory` as the row `TrajectoryWriter` writes for it (column -> value); with
     `decode`, the text columns too."""
@@ -325,6 +329,7 @@ def trajectory_row(
         "info_json": _to_json(trajectory.info),
         "step_info_json": [_to_json(s.info) for s in steps],
         "advantages": None if advantages is None else [[float(a) for a in turn] for turn in advantages],
+        "step_credit": None if step_credit is None else [float(r) for r in step_credit],
     }
     if decode is not None:
         row["prompt_text"] = decode(row["prompt_ids"])
@@ -362,16 +367,25 @@ class TrajectoryWriter(_ClosingContext):
         step: int,
         trajectories: Sequence[Trajectory],
         advantages: Sequence[Sequence[Sequence[float]] | None] | None = None,
+        step_credit: Sequence[Sequence[float] | None] | None = None,
     ) -> None:
         """Write `step`'s file. `advantages`, parallel to `trajectories`: each one's advantages
-        per step and action token (None: not trained on)."""
-        if advantages is not None and len(advantages) != len(trajectories):
-            raise ValueError(f"{len(advantages)} advantage lists for {len(trajectories)} trajectories")
+        per step and action token (None: not trained on); `step_credit`, parallel too: each
+        one's learned step rewards per step (None: not scored)."""
+        for what, given in (("advantage", advantages), ("step credit", step_credit)):
+            if given is not None and len(given) != len(trajectories):
+                raise ValueError(f"{len(given)} {what} lists for {len(trajectories)} trajectories")
         if self._closed:
             raise RuntimeError(f"TrajectoryWriter({self.path}) is closed; open a new one to write more.")
         columns: dict[str, list[Any]] = {name: [] for name in self.schema.names}
         for k, t in enumerate(trajectories):
-            row = trajectory_row(t, step, advantages[k] if advantages is not None else None, self.decode)
+            row = trajectory_row(
+                t,
+                step,
+                advantages[k] if advantages is not None else None,
+                self.decode,
+                step_credit[k] if step_credit is not None else None,
+            )
             for name in self.schema.names:
                 columns[name].append(row[name])
         final = self.path / f"step_{int(step):06d}.parquet"

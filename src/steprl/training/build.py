@@ -29,7 +29,7 @@ from steprl.rollout.engines.base import Engine, SamplingParams
 from steprl.rollout.engines.hf import CurrentPolicy, HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import Sample, packed_view, per_step_view
-from steprl.training import env_setup
+from steprl.training import env_setup, step_rewards
 from steprl.training.batching import packing_unsupported
 from steprl.training.components import Stateful
 from steprl.training.controllers import Controllers
@@ -40,6 +40,7 @@ from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_ba
 from steprl.training.policy import Policy, load_policy
 from steprl.training.rollout_parts import SnapshotState, context_rule, engine_for, engine_settings
 from steprl.training.sources import TaskSource, TaskSplits, make_source
+from steprl.training.step_rewards import StepCredit
 from steprl.types import Task, Trajectory
 
 ToSamples = Callable[[Trajectory, int], list[Sample]]
@@ -69,6 +70,7 @@ class Parts:
     #: every run component by name, the source among them: what a checkpoint stores of each
     #: (`training/components.py`) and a resume restores
     components: dict[str, Stateful]
+    step_credit: StepCredit | None = None  # algorithm.step_reward (also in `components`)
 
     def push_weights(self, version: int) -> None:
         """The learner's weights to every engine copy, as policy `version`."""
@@ -121,6 +123,8 @@ def build(
     resuming: bool,
 ) -> Parts:
     controllers = Controllers.for_config(cfg)
+    if cfg.algorithm.step_reward is not None:  # an unknown kind or param: one line, before the model
+        step_rewards.check_config(cfg.algorithm.step_reward)
     source_name = cfg.env.source_name()
     source = make_source(  # first: an unknown env.source stops the run before the model loads
         source_name,
@@ -210,6 +214,21 @@ def build(
             micro_batch_size=cfg.trainer.micro_batch_size,
             pad_id=policy.tokenizer.pad_token_id,
         )
+    step_credit = (
+        step_rewards.make_step_credit(
+            algo.step_reward,
+            step_rewards.ModelContext(
+                policy.model,
+                ref_model,
+                pad_id=policy.tokenizer.pad_token_id,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+                grad_clip=cfg.trainer.grad_clip,
+            ),
+        )
+        if algo.step_reward is not None
+        else None
+    )
     setup = RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
     remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
     if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
@@ -261,7 +280,9 @@ def build(
             **({"engine:snapshots": SnapshotState(engine, remote)} if engine.snapshots is not None else {}),
             # health rollbacks: the last health.snapshots steps' weights and optimizer
             **({"health:snapshots": ring} if (ring := ring_for(cfg, learner)) is not None else {}),
+            **({f"step_reward:{step_credit.kind}": step_credit} if step_credit is not None else {}),
         },
+        step_credit=step_credit,
     )
 
 

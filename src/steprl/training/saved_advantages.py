@@ -48,4 +48,17 @@ def saved_advantages(trajectories: Sequence[Trajectory], batch: StepBatch) -> li
     return [trained.get(id(t)) for t in trajectories]
 
 
-__all__ = ["Advantages", "saved_advantages"]
+def saved_step_credit(
+    trajectories: Sequence[Trajectory], batch: StepBatch
+) -> list[list[float] | None] | None:
+    """Parallel to `trajectories`: each one's learned step rewards (`algorithm.step_reward`), one
+    per turn, as the model scored them before the update (column `step_credit`); None for one the
+    step did not score (not in a kept group, failed in the env), and None for all without a model."""
+    if batch.credit is None:
+        return None
+    data, scored = batch.credit
+    per = dict(zip(map(id, data.trajectories), scored.per_trajectory(data.x), strict=True))
+    return [per.get(id(t)) for t in trajectories]
+
+
+__all__ = ["Advantages", "saved_advantages", "saved_step_credit"]

@@ -28,6 +28,7 @@ from steprl.training.batching import collate
 from steprl.training.build import Parts
 from steprl.training.controllers import Adjustments
 from steprl.training.critic import collate_values
+from steprl.training.step_rewards import Scored, StepData
 from steprl.types import Group, Trajectory
 
 # -- the step's groups -------------------------------------------------------------------------
@@ -140,6 +141,8 @@ class StepBatch:
     rows: tuple[Row, ...]  # after the LOOP filter: exactly what the learner trains on
     abs_advantage: torch.Tensor  # (len(trajectories),) max |A| per trajectory (before the filter)
     metrics: dict[str, float]
+    #: with a step-reward model: what it scored and fits on (`StepData`), and its scores
+    credit: tuple[StepData, Scored] | None = None
 
     @property
     def samples(self) -> list[Sample]:
@@ -169,8 +172,10 @@ def make_batch(
     env_ids: dict[str, int],
     settings: Adjustments,
     mask_cut: bool = False,
+    step: int = 0,
 ) -> StepBatch:
-    """`settings`: the controllers' current adjustments (the KL coefficient, when one sets it).
+    """`step`: the RL step this batch trains (the step-reward guard's lines name it).
+    `settings`: the controllers' current adjustments (the KL coefficient, when one sets it).
     `mask_cut` (`rollout.cap_truncation=mask`): an episode the turn cap cut off keeps its reward
     in its group's baseline but its rows are dropped (no loss)."""
     trainable = tuple(t for g in groups for t in g.trajectories)
@@ -199,7 +204,17 @@ def make_batch(
             "actor/reward_kl_coef": beta,
             "actor/reward_kl_rows": float(len(views)),
         }
-    out = postprocess(parts.advantage_fn(x), x, algo)
+    credit = None
+    if parts.step_credit is not None:  # a learned step reward: into the rewards or the advantages
+        data = StepData(x, tuple(views), trainable)
+        scored = parts.step_credit.score(data, step)
+        credit = (data, scored)
+        x = scored.into_rewards(x)
+        metrics |= scored.metrics
+    out = parts.advantage_fn(x)
+    if credit is not None:
+        out = credit[1].into_advantages(x, out)
+    out = postprocess(out, x, algo)
     abs_adv = trajectory_abs_advantage(out, x.row_traj, len(trainable))
     rows = []
     for i, v in enumerate(views):
@@ -213,7 +228,7 @@ def make_batch(
         cut = {i for i, t in enumerate(trainable) if t.info.get("cut_by_cap")}
         rows = [r for r in rows if r.view.traj_index not in cut]
         metrics = {**metrics, "curriculum/masked_trajectories": float(len(cut))}
-    return StepBatch(trainable, tuple(rows), abs_adv, metrics)
+    return StepBatch(trainable, tuple(rows), abs_adv, metrics, credit)
 
 
 # -- what make_batch calls, in its order -------------------------------------------------------

@@ -63,7 +63,7 @@ from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.rollout_parts import cross_policy_lag
 from steprl.training.run_sinks import open_sinks
-from steprl.training.saved_advantages import Advantages, saved_advantages
+from steprl.training.saved_advantages import Advantages, saved_advantages, saved_step_credit
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
@@ -71,6 +71,8 @@ from steprl.training.stop_signal import StopOnSignal, StopRequested
 from steprl.types import Trajectory
 
 EVAL_TRAJECTORIES = "eval_trajectories"  # <run_dir>/eval_trajectories/step_NNNNNN.parquet
+#: what a step saves beside its rollouts: advantages per turn and token, learned step rewards per turn
+Saved = tuple[list[Advantages | None], list[list[float] | None] | None]
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ def _train(
         while state.step < cfg.trainer.total_steps and not stop.signal:
             settings = health_run.apply_levers(cfg, parts.learner, settings)
             try:
-                state, metrics, trajectories, advantages = run_step(
+                state, metrics, trajectories, (advantages, step_credit) = run_step(
                     cfg, parts, pipeline, state, settings, shuffle_rng, log, waiting=stop.interruptible
                 )
             except StopRequested:  # while rollouts ran: their tasks run again on resume
@@ -223,6 +225,7 @@ def _train(
                 metrics_sink,
                 traj_writer,
                 advantages=advantages,
+                step_credit=step_credit,
                 evaluated=(evaluated, eval_writer) if evaluated is not None else None,
             )
             history.append(metrics)
@@ -300,10 +303,11 @@ def run_step(
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
-) -> tuple[TrainState, dict[str, float], list[Trajectory], list[Advantages | None]]:
+) -> tuple[TrainState, dict[str, float], list[Trajectory], Saved]:
     """One RL step: take and filter groups, make the batch (with the controllers' `settings`),
     update, publish the weights. Returns the new state, the step's metrics, its rollouts and,
-    parallel to them, the advantages each was trained with (None: not trained on).
+    parallel to them, the advantages each was trained with (None: not trained on) and its learned
+    step rewards (None: not scored; None for all without `algorithm.step_reward`).
     `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
     t0 = time.perf_counter()
     step = state.step + 1
@@ -327,7 +331,12 @@ def run_step(
         )
     env_ids = dict(state.env_ids)
     mask_cut = cfg.rollout.cap_truncation == "mask"
-    batch = make_batch(collected.kept, parts, algo, env_ids=env_ids, settings=settings, mask_cut=mask_cut)
+    batch = make_batch(
+        collected.kept, parts, algo, env_ids=env_ids, settings=settings, mask_cut=mask_cut, step=step
+    )
+    if batch.credit is not None:
+        for alert in batch.credit[1].alerts:
+            log(alert)
     # cross-policy sampling: ratio statistics by lag, under the weights before the update
     mixed = ratio_metrics(parts.learner, batch, state.policy_version, cross_policy_lag(cfg))
     stats = parts.learner.update(
@@ -346,6 +355,8 @@ def run_step(
             mini_batches=cfg.trainer.mini_batches,
             generator=shuffle_rng,
         )
+    if parts.step_credit is not None and batch.credit is not None:  # fitted on the groups it just scored
+        stats |= parts.step_credit.fit(batch.credit[0], step)
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
     if batch.rows:
         pipeline.publish(parts.learner.state_dict_for_engine(), version)
@@ -364,9 +375,9 @@ def run_step(
     flow["time/learner_idle_share"] = t_rollout / max(t_step, 1e-9)
     metrics = step_metrics(collected, batch, stats, version, per_env=parts.envs.several)
     metrics |= mixed
-    advantages = saved_advantages(collected.rollouts, batch)
+    saved = (saved_advantages(collected.rollouts, batch), saved_step_credit(collected.rollouts, batch))
     metrics |= getattr(parts.source, "metrics", dict)()  # a source's own (learning_progress: weights)
-    return state, metrics | times | flow, collected.rollouts, advantages
+    return state, metrics | times | flow, collected.rollouts, saved
 
 
 def step_metrics(
@@ -419,6 +430,7 @@ def _write_outputs(
     writer: TrajectoryWriter | None,
     *,
     advantages: list[Advantages | None] | None = None,
+    step_credit: list[list[float] | None] | None = None,
     evaluated: tuple[list[Trajectory], TrajectoryWriter | None] | None = None,
 ) -> None:
     """The step's held-out episodes (`evaluated`: its evaluation's, and their writer) and
@@ -429,7 +441,7 @@ def _write_outputs(
         if evaluated is not None and evaluated[1] is not None:
             evaluated[1].write(step, evaluated[0])
         if writer is not None:
-            writer.write(step, trajectories, advantages)
+            writer.write(step, trajectories, advantages, step_credit)
         log_episodes(sink, step, trajectories, advantages)  # TensorBoard's, W&B's samples
         sink.log(step, metrics)
     except OutputWriteError as err:

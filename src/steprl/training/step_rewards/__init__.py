@@ -1,0 +1,124 @@
+"""Step-reward models trained beside the policy (`algorithm.step_reward`, docs/algorithms.md).
+
+A kind is a class `(ModelContext, **params)` following `StepRewardModel`: `score` gives one
+reward per step of a step's groups, `fit` trains its own model on them, and its state round-trips
+through a checkpoint. `StepCredit` (credit.py) wraps the kind the config names with its weight,
+its fit cadence and the drift guard, and is the run component the checkpoint stores. To add a
+kind: a file here and one entry in `STEP_REWARDS`; `check_step_reward` (the tests run it over
+every entry) checks it. A kind of your own needs no edit: `kind: package.module:attr`.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import torch
+
+from steprl.config import ConfigError, StepRewardSection
+from steprl.config_values import check_params
+from steprl.training.components import load_attr
+from steprl.training.step_rewards.base import ModelContext, StepData, StepRewardModel
+from steprl.training.step_rewards.credit import DriftGuard, Scored, StepCredit
+from steprl.training.step_rewards.istar import IStar
+from steprl.training.step_rewards.mc_value import MCValue
+from steprl.training.step_rewards.policy_gain import PolicyGain
+from steprl.training.step_rewards.progress import Progress
+
+#: kind name -> the class `(ModelContext, **params)` that makes it
+STEP_REWARDS: dict[str, Callable[..., StepRewardModel]] = {
+    "istar": IStar,  # implicit PRM, trajectory-level DPO (arXiv 2509.19199)
+    "progress": Progress,  # contributions summing to the outcome + grounding (SPA-RL, 2505.20732)
+    "mc_value": MCValue,  # V regressed on Monte-Carlo returns, one-step advantages (AgentPRM, 2502.10325)
+    "policy_gain": PolicyGain,  # log pi_theta - log pi_ref per step, no training (2606.26080)
+}
+
+
+def step_reward_class(kind: str) -> Callable[..., StepRewardModel]:
+    """The kind `kind`: an entry of `STEP_REWARDS` or the import path of your own class."""
+    if kind in STEP_REWARDS:
+        return STEP_REWARDS[kind]
+    if ":" not in kind:
+        raise ConfigError(
+            f"algorithm.step_reward.kind: unknown kind {kind!r}; use one of {sorted(STEP_REWARDS)} "
+            "or the import path package.module:attr of your own"
+        )
+    obj = load_attr(kind, "algorithm.step_reward.kind")
+    if not callable(obj):
+        raise ConfigError(f"algorithm.step_reward.kind {kind!r} is a {type(obj).__name__}, not a class")
+    return obj
+
+
+def check_config(section: StepRewardSection) -> None:
+    """The kind resolves and its params match its signature: one line, before a model loads."""
+    try:
+        check_params("algorithm.step_reward.params", step_reward_class(section.kind), section.params, skip=1)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def make_step_credit(section: StepRewardSection, ctx: ModelContext) -> StepCredit:
+    cls = step_reward_class(section.kind)
+    try:
+        model = cls(ctx, **section.params)
+    except ValueError as exc:
+        raise ConfigError(f"algorithm.step_reward.params: {exc}") from None
+    d = section.drift
+    return StepCredit(
+        section.kind,
+        model,
+        weight=section.weight,
+        fit_every=section.fit_every,
+        mode=section.mode,
+        drift=DriftGuard(d.min_tau, d.patience, d.decay, d.after_fits),
+    )
+
+
+def check_step_reward(
+    name: str, kind: Callable[..., StepRewardModel], ctx: ModelContext, data: StepData
+) -> None:
+    """What the trainer relies on, for one kind, on a real batch (`data`): it follows the
+    protocol; `score` is (S,), finite, changes nothing and repeats exactly; `fit` returns float
+    metrics and (for a kind that trains) changes its scores; the state round-trips through
+    `torch.save` / `torch.load(weights_only=True)` to the same scores; a fresh copy loaded from
+    that state gives the same scores; it does not touch the policy."""
+    policy_before = {k: v.clone() for k, v in ctx.policy.state_dict().items()}
+    model = kind(ctx)
+    assert isinstance(model, StepRewardModel), f"{name}: does not follow StepRewardModel"
+    first = model.score(data)
+    assert first.shape == (data.num_steps,), f"{name}: score shape {tuple(first.shape)}"
+    assert bool(torch.isfinite(first).all()), f"{name}: non-finite scores"
+    assert torch.equal(first, model.score(data)), f"{name}: score is not repeatable"
+    metrics = model.fit(data)
+    assert all(isinstance(v, float) for v in metrics.values()), f"{name}: fit metrics must be floats"
+    after = model.score(data)
+    if model.trains:
+        assert not torch.equal(first, after), f"{name}: trains=True but a fit changed no score"
+    state = model.state_dict()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    fresh = kind(ctx)
+    fresh.load_state_dict(loaded)
+    assert torch.equal(fresh.score(data), after), f"{name}: a copy loaded from its state scores differently"
+    if model.trains:  # and training goes on identically from the loaded state
+        model.fit(data)
+        fresh.fit(data)
+        assert torch.equal(fresh.score(data), model.score(data)), f"{name}: a resumed fit diverges"
+    for k, v in ctx.policy.state_dict().items():
+        assert torch.equal(v, policy_before[k]), f"{name}: changed the policy's {k}"
+
+
+__all__ = [
+    "STEP_REWARDS",
+    "ModelContext",
+    "Scored",
+    "StepCredit",
+    "StepData",
+    "StepRewardModel",
+    "check_config",
+    "check_step_reward",
+    "make_step_credit",
+    "step_reward_class",
+]

@@ -1,0 +1,91 @@
+"""`progress`: a progress estimator whose per-step contributions sum to the outcome (SPA-RL,
+arXiv 2505.20732), plus the grounding signal.
+
+A backbone copied from the policy and a scalar head (`ValueModel`, zero at the start) reads the
+state after each step's action and predicts its contribution c_t. Fitted on each step's
+trajectories by the squared error of the sum against the outcome,
+
+    L = mean over trajectories of (sum_t c_t - R)^2,
+
+so nothing but the outcome supervises it: credit goes to the steps whose presence predicts
+success. The step reward adds SPA-RL's grounding term, a bonus for an action the env took as
+valid: r_t = c_t + grounding * [action_kind != "invalid"].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steprl.training.step_rewards.base import (
+    ModelContext,
+    StepData,
+    ValueModel,
+    adamw,
+    chunks_by_trajectory,
+    load_model_state,
+    model_state,
+    rows_batch,
+    step_end_positions,
+    trajectory_sums,
+)
+
+
+class Progress:
+    trains = True
+
+    def __init__(
+        self, ctx: ModelContext, *, lr: float = 1e-4, epochs: int = 1, grounding: float = 0.1
+    ) -> None:
+        if lr <= 0 or epochs < 1 or grounding < 0:
+            raise ValueError(
+                f"progress needs lr > 0, epochs >= 1, grounding >= 0 (got {lr}, {epochs}, {grounding})"
+            )
+        self.ctx, self.epochs, self.grounding = ctx, epochs, grounding
+        self.model = ValueModel(ctx.policy)
+        self.optimizer = adamw(self.model.parameters(), lr)
+
+    def _contributions(self, data: StepData, rows: list[int]) -> Tensor:
+        """(S,) c_t of the steps in these rows (others 0), as a graph."""
+        b, token_step = rows_batch(data, rows, self.ctx.pad_id)
+        r, col, ids = step_end_positions(token_step, data.num_steps)
+        return torch.zeros(data.num_steps).index_put((ids,), self.model.at(b, r, col), accumulate=True)
+
+    def contributions(self, data: StepData) -> Tensor:
+        with torch.no_grad():
+            return sum(
+                (
+                    self._contributions(data, rows)
+                    for rows in chunks_by_trajectory(data, self.ctx.micro_batch_size)
+                ),
+                torch.zeros(data.num_steps),
+            )
+
+    def score(self, data: StepData) -> Tensor:
+        return self.contributions(data) + self.grounding * data.grounded()
+
+    def fit(self, data: StepData) -> dict[str, float]:
+        x = data.x
+        n = x.rewards.numel()
+        losses = []
+        for _ in range(self.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for rows in chunks_by_trajectory(data, self.ctx.micro_batch_size):
+                trajs = sorted({data.views[i].traj_index for i in rows})
+                sums = trajectory_sums(self._contributions(data, rows), x.step_traj, n)[trajs]
+                loss = ((sums - x.rewards[trajs]) ** 2).sum() / n
+                loss.backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.grad_clip)
+            self.optimizer.step()
+            losses.append(total)
+        return {"step_reward/fit_loss": sum(losses) / len(losses)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return model_state(self.model, self.optimizer)
+
+    def load_state_dict(self, state: Any) -> None:
+        load_model_state(self.model, self.optimizer, state)
