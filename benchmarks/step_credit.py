@@ -10,9 +10,9 @@ Runs, each on the tiny model from one SFT warm start per env (the seeds vary RL 
   model's ("start"), at step N + 1 the model after N fits.
 * **sokoban** (`configs/sokoban_tiny.yaml`, the long-horizon built-in env): GRPO, RLOO, GiGPO,
   GRPO + istar, GRPO + progress.
-* **drift**: gridwalk with `progress` whose fit targets are flipped (outcome -> 1 - outcome)
-  from step `--flip-at` on (a kind of your own by import path, `FlippedProgress` below): the
-  drift guard must cut alpha to 0, and stay silent on the healthy runs above.
+* **drift**: gridwalk with `istar` whose fits from step `--flip-at` on prefer the loser of each
+  pair (a kind of your own by import path, `FlippedIStar` below): the drift guard must cut alpha
+  to 0, and stay silent on the healthy runs above.
 
 Prints, per condition, the mean and a 95% t-interval over seeds of the final held-out success,
 of the held-out success at the largest number of env steps every run of that env reached, the
@@ -41,10 +41,10 @@ from typing import Any
 import torch
 
 from steprl.training.step_rewards.base import ModelContext, StepData
-from steprl.training.step_rewards.progress import Progress
+from steprl.training.step_rewards.istar import IStar
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "benchmarks" / "results" / "step_credit"
+OUT = ROOT / "runs" / "bench_step_credit"  # per-run JSON (runs/ is git-ignored)
 ENVS = {"gridwalk": "configs/gridwalk_tiny.yaml", "sokoban": "configs/sokoban_tiny.yaml"}
 KINDS = ("istar", "progress", "mc_value", "policy_gain")
 
@@ -62,17 +62,17 @@ def conditions(env: str, flip_at: int) -> dict[str, list[str]]:
     kinds = KINDS if env == "gridwalk" else ("istar", "progress")
     base |= {f"grpo+{k}": _credit(k) for k in kinds}
     if env == "gridwalk":
-        flipped = f"benchmarks.step_credit:FlippedProgress, params: {{flip_at: {flip_at}}}"
-        base["drift: progress flipped"] = [f"algorithm.step_reward={{kind: '{flipped}', weight: 0.5}}"]
+        flipped = f"kind: 'benchmarks.step_credit:FlippedIStar', params: {{flip_at: {flip_at}}}"
+        base["drift: istar flipped"] = [f"algorithm.step_reward={{{flipped}, weight: 0.5}}"]
     return base
 
 
-class FlippedProgress(Progress):
-    """`progress` whose fits from RL step `flip_at` on regress on 1 - outcome: a step reward
-    whose labels flipped mid-run (the drift guard's test case)."""
+class FlippedIStar(IStar):
+    """`istar` whose fits from RL step `flip_at` on prefer the loser of each pair (outcome ->
+    1 - outcome): a step reward whose labels flipped mid-run, the drift guard's test case."""
 
-    def __init__(self, ctx: ModelContext, *, flip_at: int = 8, lr: float = 1e-4, epochs: int = 1) -> None:
-        super().__init__(ctx, lr=lr, epochs=epochs)
+    def __init__(self, ctx: ModelContext, *, flip_at: int = 10, **params: Any) -> None:
+        super().__init__(ctx, **params)
         self.flip_at, self.fitted = flip_at, 0
 
     def fit(self, data: StepData) -> dict[str, float]:
@@ -162,8 +162,8 @@ def table(results: list[dict], fits: int) -> str:
         seeds = sorted({r["seed"] for r in runs})
         out.append(f"\n## {env} (seeds {seeds}; env-step budget {budget:.0f})\n")
         out.append(
-            "| condition | held-out warm start | final held-out | held-out at the budget | "
-            f"AUROC start | AUROC after {fits} fits | tau after {fits} fits | alpha at end | alerts | wall s |"
+            "| condition | held-out warm start | final held-out | held-out at the budget | AUROC start "
+            f"| AUROC after {fits} fits | tau after {fits} fits | alpha at end | alerts | wall s |"
         )
         out.append("|---|---|---|---|---|---|---|---|---|---|")
         for name in dict.fromkeys(r["name"] for r in runs):
@@ -190,44 +190,33 @@ def curves(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = sorted({r["name"] for r in results if r["env"] == "gridwalk" and "+" in r["name"]})
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for name in kinds:
-        rs = [r for r in results if r["env"] == "gridwalk" and r["name"] == name]
-        for i, r in enumerate(rs):
-            steps = [i for i, x in enumerate(r["rows"]) if "step_reward/auroc" in x]
+    grid = [r for r in results if r["env"] == "gridwalk"]
+    names = list(dict.fromkeys(r["name"] for r in grid))
+    credit = [n for n in names if "+" in n or n.startswith("drift")]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    panels = ((0, "step_reward/auroc"), (1, "step_reward/kendall_tau"), (2, "step_reward/alpha"))
+    for name in credit:
+        for i, r in enumerate(x for x in grid if x["name"] == name):
             kw = {"label": name} if i == 0 else {}
-            color = f"C{kinds.index(name)}"
-            axes[0].plot(
-                steps,
-                [x["step_reward/auroc"] for x in r["rows"] if "step_reward/auroc" in x],
-                color=color,
-                alpha=0.7,
-                **kw,
-            )
-            axes[1].plot(
-                steps,
-                [x["step_reward/kendall_tau"] for x in r["rows"] if "step_reward/auroc" in x],
-                color=color,
-                alpha=0.7,
-                **kw,
-            )
-    for env in ["gridwalk"]:
-        names = list(dict.fromkeys(r["name"] for r in results if r["env"] == env))
-        for name in names:
-            for i, r in enumerate(x for x in results if x["env"] == env and x["name"] == name):
-                xs, ys = env_steps_curve(r["rows"])
-                axes[2].plot(
-                    xs, ys, color=f"C{names.index(name)}", alpha=0.6, **({"label": name} if i == 0 else {})
-                )
-    axes[0].set(title="gridwalk: step-label AUROC (held-out groups)", xlabel="RL step", ylabel="AUROC")
+            for ax, k in panels:
+                pts = [(j, x[k]) for j, x in enumerate(r["rows"]) if k in x]
+                color = f"C{names.index(name)}"
+                axes[ax].plot(*zip(*pts, strict=True), color=color, alpha=0.7, **kw) if pts else None
+    for name in names:
+        for i, r in enumerate(x for x in grid if x["name"] == name):
+            xs, ys = env_steps_curve(r["rows"])
+            kw = {"label": name} if i == 0 else {}
+            axes[3].plot(xs, ys, color=f"C{names.index(name)}", alpha=0.6, marker=".", **kw)
+    axes[0].set(title="step-label AUROC (held-out groups)", xlabel="RL step", ylabel="AUROC")
     axes[0].axhline(0.8, color="grey", ls=":")
     axes[1].set(title="Kendall tau: summed step reward vs outcome", xlabel="RL step")
-    axes[2].set(title="gridwalk: held-out success", xlabel="env steps")
+    axes[2].set(title="alpha (the drift guard's weight)", xlabel="RL step")
+    axes[3].set(title="held-out success", xlabel="env steps")
     for ax in axes:
         ax.legend(fontsize=7)
+    fig.suptitle("gridwalk, tiny model: each line one seed")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
 
 
 def main() -> None:
@@ -289,5 +278,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # `benchmarks.step_credit:FlippedIStar` resolves in each run
     torch.set_num_threads(1)
     main()

@@ -59,7 +59,12 @@ def make_run(root: Path, name: str = "fixture", **config_changes: dict) -> Path:
     for step in (1, 2):
         good = _episode(f"train-{step}", f"{step}-0", SOLVED, 1.0, step - 1)
         bad = _episode(f"train-{step}", f"{step}-0", GUESSED, 0.0, step - 1)
-        train.write(step, [good, bad], advantages=[_advantages(good, 0.7), _advantages(bad, -0.7)])
+        train.write(
+            step,
+            [good, bad],
+            advantages=[_advantages(good, 0.7), _advantages(bad, -0.7)],
+            step_credit=[[0.25] * len(good.steps), [-0.5] * len(bad.steps)],  # a step-reward model's
+        )
     evals = TrajectoryWriter(run / "eval_trajectories")
     evals.write(0, [_episode("eval-0", "e0", GUESSED, 0.0, 0), _episode("eval-1", "e1", SOLVED, 1.0, 0)])
     evals.write(2, [_episode("eval-0", "e0", SOLVED, 1.0, 2), _episode("eval-1", "e1", SOLVED, 1.0, 2)])

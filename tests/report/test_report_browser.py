@@ -1,6 +1,7 @@
 """The report opens in a real browser: headless Chromium (the Debian package `chromium`, which
 `make venv` installs) loads the file offline, runs its script without a console message, lists
-the run's episodes, colours a model token by its advantage and draws the health timeline."""
+the run's episodes, colours a model token by its advantage, shows each turn's step
+credit and draws the health timeline."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def test_the_report_renders_in_headless_chromium(tmp_path):
     assert len(rows) == written.episodes == 8, dom[-3000:]
     assert re.search(r'class="tok act" data-adv="0\.7"[^>]*style="background: rgba\(33, 102, 172', dom)
     assert re.search(r'class="tok masked"', dom) and "first difference" in dom
+    assert re.search(r'class="credit" data-credit="0\.25"[^>]*> · step credit 0\.25<', dom)  # per turn
     # the health timeline: a marker per firing on the strip, a row per firing below it
     assert len(re.findall(r'<circle [^>]*class="firing" data-rule="', dom)) == 2, dom[-3000:]
     assert len(re.findall(r'<tr class="firing-row" data-step="\d+"', dom)) == 2

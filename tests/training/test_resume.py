@@ -129,6 +129,8 @@ VARIANTS = {
         "health.mi_prompts=2",
         "health.mi_samples=2",
     ],
+    # a step-reward model with its own weights and optimizer, its weight alpha and guard streak
+    "step reward istar": ["algorithm.step_reward={kind: istar, weight: 0.5}"],
 }
 
 
@@ -174,6 +176,11 @@ def test_ckpt02_resume_is_bit_identical(tmp_path, cache_dir, extra):
             0.0625,
         ]
         assert all("health/mi" in r for r in _rows(resumed.run_dir) if r["step"])
+    if any("algorithm.step_reward" in e for e in extra):  # fitted each step, saved per step
+        assert [r["step_reward/fits"] for r in _rows(resumed.run_dir) if r["step"]] == [0.0, 1.0, 2.0, 3.0]
+        saved = read_trajectories(resumed.run_dir / "trajectories").to_pylist()
+        assert saved and all(len(t["step_credit"]) == t["num_steps"] for t in saved)
+        assert any(x != 0 for t in saved for x in t["step_credit"])
     if f"env.mix={MIXTURE}" in extra:  # both envs trained, and counted apart, before and after the kill
         trained = [r for r in _rows(resumed.run_dir) if "reward/mean" in r]
         assert all(any(k.startswith("env/") for k in r) for r in trained)

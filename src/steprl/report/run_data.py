@@ -204,9 +204,11 @@ def is_success(row: Mapping[str, Any]) -> bool:
 
 def encode_episode(row: Mapping[str, Any], kind: str, tokens: TokenText) -> dict[str, Any]:
     """One Parquet row as the page's compact episode: ids (text in the token table), advantages
-    rounded to 3 digits, and per turn the reward, its components and the policy version."""
+    rounded to 3 digits, and per turn the reward, its components, the policy version and the
+    step credit a step-reward model gave it (`algorithm.step_reward`; absent without one)."""
     actions = row.get("action_ids") or []
     advantages = row.get("advantages")
+    credit = row.get("step_credit")
     turns = []
     for k, action in enumerate(actions):
         adv = advantages[k] if advantages is not None and k < len(advantages) else None
@@ -220,6 +222,7 @@ def encode_episode(row: Mapping[str, Any], kind: str, tokens: TokenText) -> dict
                 "v": int(_at(row.get("policy_versions"), k, 0)),
                 "info": _json_object(infos[k] if k < len(infos) else "{}"),
             }
+            | ({"c": round(float(credit[k]), 4)} if credit is not None and k < len(credit) else {})
         )
     return {
         "kind": kind,

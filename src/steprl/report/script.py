@@ -125,7 +125,8 @@ function turnView(t, k, scale, marked) {
   const rest = Object.entries(t.info || {}).filter(([n, v]) => n !== "reward_components" && v !== null).map(([n, v]) => `${n}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  ");
   return el("div", {class: "turn" + (marked ? " first-diff" : ""), "data-turn": k},
     el("div", {class: "turnhead"}, marked ? el("span", {class: "badge mark"}, "first difference") : null,
-      ` turn ${k + 1} · policy v${t.v} · reward ${fmt(t.r)}` + (comps ? ` (${comps})` : "")),
+      ` turn ${k + 1} · policy v${t.v} · reward ${fmt(t.r)}` + (comps ? ` (${comps})` : ""),
+      t.c === undefined ? null : el("span", {class: "credit", "data-credit": t.c, title: "the step-reward model's reward for this step (algorithm.step_reward), before alpha"}, ` · step credit ${fmt(t.c)}`)),
     actionTokens(t.a, t.adv, scale),
     t.o.length ? maskedTokens(t.o, "observation") : null,
     rest ? el("div", {class: "note"}, rest) : null);
