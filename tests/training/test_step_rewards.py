@@ -58,7 +58,9 @@ def data(tokenizer, small_model) -> StepData:
 
 @pytest.fixture(scope="module")
 def ctx(small_model, tokenizer) -> ModelContext:
-    return ModelContext(small_model, None, tokenizer.pad_token_id, micro_batch_size=2, temperature=1.0, grad_clip=1.0)
+    return ModelContext(
+        small_model, None, tokenizer.pad_token_id, micro_batch_size=2, temperature=1.0, grad_clip=1.0
+    )
 
 
 @pytest.mark.parametrize("name", sorted(STEP_REWARDS))
@@ -156,7 +158,9 @@ def test_step_rewards_enter_as_normalised_advantages_or_as_rewards(data) -> None
 def test_bad_step_reward_configs_are_one_line_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"algorithm\.step_reward\.kind: unknown kind 'istr'.*'istar'"):
         step_rewards.check_config(StepRewardSection(kind="istr"))
-    with pytest.raises(ConfigError, match=r"algorithm\.step_reward\.params: unknown key\(s\) bta; allowed keys: beta"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.step_reward\.params: unknown key\(s\) bta; allowed keys: beta"
+    ):
         step_rewards.check_config(StepRewardSection(kind="istar", params={"bta": 0.1}))
     with pytest.raises(ConfigError, match=r"algorithm\.step_reward\.mode"):
         load_config(None, ["algorithm.step_reward={kind: istar, mode: rewards}"])

@@ -4,7 +4,7 @@ A copy of the policy, pi_phi, with its own AdamW. Fitted on each step's groups: 
 trajectories of one task with different outcomes, the higher preferred, gives the DPO loss
 
     L = -log sigmoid(beta * (rho_w - rho_l)),   rho = sum over the trajectory's action tokens of
-                                                      log pi_phi(a|h) - log pi_old(a|h)
+                                                      log pi_phi(a|h) - log pi_ref(a|h)
 
 A step's reward is the same log-ratio over its own tokens: r_t = beta * sum_{a in step t}
 log pi_phi(a|h) / pi_ref(a|h). The reference, `reference`:
@@ -13,10 +13,11 @@ log pi_phi(a|h) / pi_ref(a|h). The reference, `reference`:
 * "old": the engine's log-probs when the tokens were sampled (pi_old, the paper's formula). The
   policy then moves the reference: at the tiny model's policy lr the GRPO update moved pi_old
   towards the winners faster than one DPO fit moved pi_phi, so the held-out ratio ranked them
-  *last* (gridwalk, seed 0: Kendall tau -0.42 and step-label AUROC 0.21 after one fit). Summed over a trajectory it
-is the implicit reward DPO ranks, so credit lands on the steps whose tokens pi_phi moved: those
-that separate winners from losers of the same task. With no informative pair (all outcomes of
-every group equal) a fit changes nothing.
+  *last* (gridwalk, seed 0: Kendall tau -0.42 and step-label AUROC 0.21 after one fit).
+
+Summed over a trajectory the step reward is the implicit reward DPO ranks, so credit lands on
+the steps whose tokens pi_phi moved: those that separate winners from losers of the same task.
+With no informative pair (all outcomes of every group equal) a fit changes nothing.
 """
 
 from __future__ import annotations
