@@ -1,59 +1,30 @@
 """Learned step credit (issue 28): every kind of `STEP_REWARDS` on real rollouts of a real model,
 the agreement measures, the drift guard, and the two ways the rewards enter the estimators.
 
-The rollouts are gridwalk episodes of the small random model through the real HF engine; their
-outcomes are relabelled (one winner and one loser per task) so every group carries a preference
-and every kind has something to fit.
+The rollouts are gridwalk episodes of the small random model through the real HF engine
+(`check.sample_data`); their outcomes are relabelled (one winner and one loser per task) so every
+group carries a preference and every kind has something to fit.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from dataclasses import replace
-from itertools import islice
 
 import pytest
 import torch
 
 from steprl.algorithms.estimators import grpo
 from steprl.config import ConfigError, StepRewardSection, load_config
-from steprl.envs.registry import make_env, make_tasks
-from steprl.rollout.chat import PlainFormat
-from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
-from steprl.rollout.views import packed_view
 from steprl.training import step_rewards
-from steprl.training.step_batch import advantage_inputs
-from steprl.training.step_rewards import STEP_REWARDS, ModelContext, StepCredit, StepData, check_step_reward
+from steprl.training.step_reward_check import check_kind, check_step_reward, sample_data
+from steprl.training.step_rewards import STEP_REWARDS, ModelContext, StepCredit, StepData
 from steprl.training.step_rewards.agreement import auroc, kendall_within_groups, positive_share_on_failures
 from steprl.training.step_rewards.credit import DriftGuard
 
 
 @pytest.fixture(scope="module")
 def data(tokenizer, small_model) -> StepData:
-    engine = HFEngine(
-        small_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, seed=0
-    )
-    setup = RolloutSetup(
-        make_env=lambda t: make_env("gridwalk"),
-        engine=engine,
-        fmt=PlainFormat(tokenizer),
-        rule=AppendOnly(),
-        sampling=SamplingParams(temperature=1.0),
-        budgets=Budgets(max_turns=3, max_tokens_per_turn=8),
-    )
-    tasks = list(islice(make_tasks("gridwalk", "train", 0), 3))
-    groups = asyncio.run(rollout_groups(tasks, 2, setup, seed=0))
-    trajs = tuple(
-        replace(t, outcome_reward=float(j == 0)) for g in groups for j, t in enumerate(g.trajectories)
-    )
-    views = tuple(packed_view(t, i) for i, t in enumerate(trajs))
-    rewards = torch.tensor([t.outcome_reward for t in trajs])
-    x = advantage_inputs(trajs, views, rewards, pad_id=tokenizer.pad_token_id, env_ids={"gridwalk": 0})
-    return StepData(x, views, trajs)
+    return sample_data(small_model, tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +39,13 @@ def test_every_kind_passes_the_checker_on_real_rollouts(name, ctx, data) -> None
     assert data.num_steps > len(data.trajectories)  # multi-step episodes: credit has steps to tell apart
     assert {s.info.get("action_kind") for t in data.trajectories for s in t.steps} >= {"invalid"}
     check_step_reward(name, STEP_REWARDS[name], ctx, data)
+
+
+def test_a_kind_of_your_own_is_checked_by_import_path(ctx, data) -> None:
+    check_kind("steprl.training.step_rewards.policy_gain:PolicyGain")  # builds its own model and episodes
+    # a kind that claims to train but whose fit changes nothing: the checker says so
+    with pytest.raises(AssertionError, match="trains=True but a fit changed no score"):
+        check_step_reward("fixed", lambda ctx: Fixed(), ctx, data)
 
 
 def test_agreement_measures_on_known_cases() -> None:

@@ -4,16 +4,13 @@ A kind is a class `(ModelContext, **params)` following `StepRewardModel`: `score
 reward per step of a step's groups, `fit` trains its own model on them, and its state round-trips
 through a checkpoint. `StepCredit` (credit.py) wraps the kind the config names with its weight,
 its fit cadence and the drift guard, and is the run component the checkpoint stores. To add a
-kind: a file here and one entry in `STEP_REWARDS`; `check_step_reward` (the tests run it over
-every entry) checks it. A kind of your own needs no edit: `kind: package.module:attr`.
+kind: a file here and one entry in `STEP_REWARDS`; `training/step_reward_check.py` (the tests run it
+over every entry) checks it. A kind of your own needs no edit: `kind: package.module:attr`.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
-
-import torch
 
 from steprl.config import ConfigError, StepRewardSection
 from steprl.config_values import check_params
@@ -74,42 +71,6 @@ def make_step_credit(section: StepRewardSection, ctx: ModelContext) -> StepCredi
     )
 
 
-def check_step_reward(
-    name: str, kind: Callable[..., StepRewardModel], ctx: ModelContext, data: StepData
-) -> None:
-    """What the trainer relies on, for one kind, on a real batch (`data`): it follows the
-    protocol; `score` is (S,), finite, changes nothing and repeats exactly; `fit` returns float
-    metrics and (for a kind that trains) changes its scores; the state round-trips through
-    `torch.save` / `torch.load(weights_only=True)` to the same scores; a fresh copy loaded from
-    that state gives the same scores; it does not touch the policy."""
-    policy_before = {k: v.clone() for k, v in ctx.policy.state_dict().items()}
-    model = kind(ctx)
-    assert isinstance(model, StepRewardModel), f"{name}: does not follow StepRewardModel"
-    first = model.score(data)
-    assert first.shape == (data.num_steps,), f"{name}: score shape {tuple(first.shape)}"
-    assert bool(torch.isfinite(first).all()), f"{name}: non-finite scores"
-    assert torch.equal(first, model.score(data)), f"{name}: score is not repeatable"
-    metrics = model.fit(data)
-    assert all(isinstance(v, float) for v in metrics.values()), f"{name}: fit metrics must be floats"
-    after = model.score(data)
-    if model.trains:
-        assert not torch.equal(first, after), f"{name}: trains=True but a fit changed no score"
-    state = model.state_dict()
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    loaded = torch.load(buf, weights_only=True)
-    fresh = kind(ctx)
-    fresh.load_state_dict(loaded)
-    assert torch.equal(fresh.score(data), after), f"{name}: a copy loaded from its state scores differently"
-    if model.trains:  # and training goes on identically from the loaded state
-        model.fit(data)
-        fresh.fit(data)
-        assert torch.equal(fresh.score(data), model.score(data)), f"{name}: a resumed fit diverges"
-    for k, v in ctx.policy.state_dict().items():
-        assert torch.equal(v, policy_before[k]), f"{name}: changed the policy's {k}"
-
-
 __all__ = [
     "STEP_REWARDS",
     "ModelContext",
@@ -118,7 +79,6 @@ __all__ = [
     "StepData",
     "StepRewardModel",
     "check_config",
-    "check_step_reward",
     "make_step_credit",
     "step_reward_class",
 ]
