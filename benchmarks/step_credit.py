@@ -1,7 +1,8 @@
 """Learned step credit (issue 28): do the step-reward models credit the right steps, and does
 training with them beat the critic-free group methods at equal environment steps?
 
-Runs, each on the tiny model from one SFT warm start per env (the seeds vary RL only):
+Runs, each on the tiny model from an SFT warm start per env and seed (`run.seed` seeds the
+demonstrations and the SFT too; cached, so every condition of a seed starts from the same one):
 
 * **gridwalk** (`configs/gridwalk_tiny.yaml`; every step labelled optimal or not): GRPO, RLOO,
   GiGPO, and GRPO + each step-reward kind (istar, progress, mc_value, policy_gain) entering as
