@@ -41,7 +41,7 @@ class Progress:
     trains = True
 
     def __init__(
-        self, ctx: ModelContext, *, lr: float = 1e-4, epochs: int = 1, grounding: float = 0.1
+        self, ctx: ModelContext, *, lr: float = 1e-3, epochs: int = 3, grounding: float = 0.1
     ) -> None:
         if lr <= 0 or epochs < 1 or grounding < 0:
             raise ValueError(
