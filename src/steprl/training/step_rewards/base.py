@@ -150,6 +150,46 @@ class ValueModel(nn.Module):
         return self.head(hidden[rows, cols])
 
 
+class ValueKind:
+    """What `progress` and `mc_value` share: a `ValueModel` with its own AdamW, fitted by one
+    optimizer step per epoch on a loss summed over micro-batches of whole trajectories, and
+    checkpointed whole. A kind says its per-fit targets and the loss of one chunk of rows."""
+
+    trains = True
+
+    def __init__(self, ctx: ModelContext, *, lr: float, epochs: int) -> None:
+        self.ctx, self.epochs = ctx, epochs
+        self.model = ValueModel(ctx.policy)
+        self.optimizer = adamw(self.model.parameters(), lr)
+
+    def targets(self, data: StepData) -> Tensor:
+        raise NotImplementedError
+
+    def chunk_loss(self, data: StepData, rows: list[int], targets: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def fit(self, data: StepData) -> dict[str, float]:
+        targets = self.targets(data)
+        losses = []
+        for _ in range(self.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for rows in chunks_by_trajectory(data, self.ctx.micro_batch_size):
+                loss = self.chunk_loss(data, rows, targets)
+                loss.backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.grad_clip)
+            self.optimizer.step()
+            losses.append(total)
+        return {"step_reward/fit_loss": sum(losses) / len(losses)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return model_state(self.model, self.optimizer)
+
+    def load_state_dict(self, state: Any) -> None:
+        load_model_state(self.model, self.optimizer, state)
+
+
 def step_end_positions(token_step: Tensor, num_steps: int) -> tuple[Tensor, Tensor, Tensor]:
     """For a (b, T') slice: (rows, input positions, step ids) of each step's last action token
     in it. Target column t is input token t + 1, so the hidden state there has read the whole
@@ -191,6 +231,7 @@ __all__ = [
     "ModelContext",
     "StepData",
     "StepRewardModel",
+    "ValueKind",
     "ValueModel",
     "chunks_by_trajectory",
     "frozen_reference",

@@ -14,19 +14,14 @@ which sums over a trajectory to R - V(h_0): the outcome against what the task's 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from steprl.training.step_rewards.base import (
     ModelContext,
     StepData,
-    ValueModel,
-    adamw,
+    ValueKind,
     chunks_by_trajectory,
-    load_model_state,
-    model_state,
     rows_batch,
     step_start_positions,
 )
@@ -50,15 +45,11 @@ def next_values(values: Tensor, step_traj: Tensor) -> Tensor:
     return torch.where(same, nxt, torch.zeros_like(nxt))
 
 
-class MCValue:
-    trains = True
-
+class MCValue(ValueKind):
     def __init__(self, ctx: ModelContext, *, lr: float = 1e-4, epochs: int = 1) -> None:
         if lr <= 0 or epochs < 1:
             raise ValueError(f"mc_value needs lr > 0 and epochs >= 1 (got {lr}, {epochs})")
-        self.ctx, self.epochs = ctx, epochs
-        self.model = ValueModel(ctx.policy)
-        self.optimizer = adamw(self.model.parameters(), lr)
+        super().__init__(ctx, lr=lr, epochs=epochs)
 
     def _values(self, data: StepData, rows: list[int]) -> tuple[Tensor, Tensor]:
         """(S,) V(h_t) of the steps in these rows (others 0) as a graph, and which steps those are."""
@@ -80,25 +71,10 @@ class MCValue:
         v, x = self.values(data), data.x
         return x.step_rewards + next_values(v, x.step_traj) - v
 
-    def fit(self, data: StepData) -> dict[str, float]:
-        x = data.x
-        targets = returns_to_go(x.step_rewards, x.step_traj)
-        losses = []
-        for _ in range(self.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for rows in chunks_by_trajectory(data, self.ctx.micro_batch_size):
-                v, here = self._values(data, rows)
-                loss = ((v - targets)[here] ** 2).sum() / max(1, data.num_steps)
-                loss.backward()
-                total += loss.item()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.grad_clip)
-            self.optimizer.step()
-            losses.append(total)
-        return {"step_reward/fit_loss": sum(losses) / len(losses)}
+    def targets(self, data: StepData) -> Tensor:
+        return returns_to_go(data.x.step_rewards, data.x.step_traj)
 
-    def state_dict(self) -> dict[str, Any]:
-        return model_state(self.model, self.optimizer)
-
-    def load_state_dict(self, state: Any) -> None:
-        load_model_state(self.model, self.optimizer, state)
+    def chunk_loss(self, data: StepData, rows: list[int], targets: Tensor) -> Tensor:
+        """The squared error of these rows' V(h_t) against G_t, over all S steps."""
+        v, here = self._values(data, rows)
+        return ((v - targets)[here] ** 2).sum() / max(1, data.num_steps)

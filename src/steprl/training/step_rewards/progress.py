@@ -18,28 +18,21 @@ the two rank the same within a step and length pays nothing.)
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from steprl.training.step_rewards.base import (
     ModelContext,
     StepData,
-    ValueModel,
-    adamw,
+    ValueKind,
     chunks_by_trajectory,
-    load_model_state,
-    model_state,
     rows_batch,
     step_end_positions,
     trajectory_sums,
 )
 
 
-class Progress:
-    trains = True
-
+class Progress(ValueKind):
     def __init__(
         self, ctx: ModelContext, *, lr: float = 1e-3, epochs: int = 3, grounding: float = 0.1
     ) -> None:
@@ -47,9 +40,8 @@ class Progress:
             raise ValueError(
                 f"progress needs lr > 0, epochs >= 1, grounding >= 0 (got {lr}, {epochs}, {grounding})"
             )
-        self.ctx, self.epochs, self.grounding = ctx, epochs, grounding
-        self.model = ValueModel(ctx.policy)
-        self.optimizer = adamw(self.model.parameters(), lr)
+        super().__init__(ctx, lr=lr, epochs=epochs)
+        self.grounding = grounding
 
     def _contributions(self, data: StepData, rows: list[int]) -> Tensor:
         """(S,) c_t of the steps in these rows (others 0), as a graph."""
@@ -70,26 +62,13 @@ class Progress:
     def score(self, data: StepData) -> Tensor:
         return self.contributions(data) - self.grounding * (1.0 - data.grounded())
 
-    def fit(self, data: StepData) -> dict[str, float]:
-        x = data.x
-        n = x.rewards.numel()
-        losses = []
-        for _ in range(self.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for rows in chunks_by_trajectory(data, self.ctx.micro_batch_size):
-                trajs = sorted({data.views[i].traj_index for i in rows})
-                sums = trajectory_sums(self._contributions(data, rows), x.step_traj, n)[trajs]
-                loss = ((sums - x.rewards[trajs]) ** 2).sum() / n
-                loss.backward()
-                total += loss.item()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ctx.grad_clip)
-            self.optimizer.step()
-            losses.append(total)
-        return {"step_reward/fit_loss": sum(losses) / len(losses)}
+    def targets(self, data: StepData) -> Tensor:
+        return data.x.rewards
 
-    def state_dict(self) -> dict[str, Any]:
-        return model_state(self.model, self.optimizer)
-
-    def load_state_dict(self, state: Any) -> None:
-        load_model_state(self.model, self.optimizer, state)
+    def chunk_loss(self, data: StepData, rows: list[int], targets: Tensor) -> Tensor:
+        """The squared error of each of these rows' trajectories' summed c_t against its outcome,
+        over all N trajectories (the chunks' losses add up to the mean)."""
+        n = targets.numel()
+        trajs = sorted({data.views[i].traj_index for i in rows})
+        sums = trajectory_sums(self._contributions(data, rows), data.x.step_traj, n)[trajs]
+        return ((sums - targets[trajs]) ** 2).sum() / n
