@@ -12,8 +12,9 @@ demonstrations and the SFT too; cached, so every condition of a seed starts from
 * **sokoban** (`configs/sokoban_tiny.yaml`, the long-horizon built-in env): GRPO, RLOO, GiGPO,
   GRPO + istar, GRPO + progress.
 * **drift**: gridwalk with `istar` whose fits from step `--flip-at` on prefer the loser of each
-  pair (a kind of your own by import path, `FlippedIStar` below): the drift guard must cut alpha
-  to 0, and stay silent on the healthy runs above.
+  pair (a kind of your own by import path, `FlippedIStar` below), `--drift-steps` long: the drift
+  guard must cut alpha to 0, and stay silent on the healthy runs above. (Not in the equal-steps
+  comparison: its env-step budget is larger, and the budget is the least any run reached.)
 
 Prints, per condition, the mean and a 95% t-interval over seeds of the final held-out success,
 of the held-out success at the largest number of env steps every run of that env reached, the
@@ -226,7 +227,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--eval-every", type=int, default=8)
     p.add_argument("--eval-tasks", type=int, default=64)
-    p.add_argument("--flip-at", type=int, default=10)
+    p.add_argument("--flip-at", type=int, default=12)
+    p.add_argument("--drift-steps", type=int, default=40, help="the drift runs: the guard needs time")
     p.add_argument("--fits", type=int, default=10, help="the AUROC column 'after N fits'")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated envs or condition names")
@@ -237,7 +239,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.one:
         env, name, seed = a.one
-        res = run_one(env, name, int(seed), a.steps, a.eval_every, a.eval_tasks, a.flip_at)
+        steps = a.drift_steps if name.startswith("drift") else a.steps
+        res = run_one(env, name, int(seed), steps, a.eval_every, a.eval_tasks, a.flip_at)
         (a.out / f"{key(env, name, int(seed))}.json").write_text(json.dumps(res))
         return
     if not a.table:
@@ -260,6 +263,8 @@ def main() -> None:
             str(a.eval_tasks),
             "--flip-at",
             str(a.flip_at),
+            "--drift-steps",
+            str(a.drift_steps),
             "--out",
             str(a.out),
         ]

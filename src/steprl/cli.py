@@ -1,4 +1,4 @@
-"""The `steprl` command line: train, sft, eval, check-env, serve-env."""
+"""The `steprl` command line: train, sft, eval, check-env, serve-env, synth, ..."""
 
 from __future__ import annotations
 
@@ -230,6 +230,36 @@ def _check_one_env(env: RunEnv, tasks: int, seed: int, call_timeout_s: float) ->
         raise typer.Exit(1) from None
     console.print(f"[green]{env.entry.name}: ok[/green]")
     console.print(report.summary(), markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("synth")
+def synth_cmd(
+    spec: Path = typer.Argument(..., help="A tool-documentation YAML (see configs/synth/)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The env package directory to write (new or empty)."),
+    check: bool = typer.Option(True, help="Run check-env on the package once written."),
+) -> None:
+    """Synthesize an env package from tool documentation: a typed state, tools over it, tasks
+    from walks over the tools' dependency graph with a golden final state, each validated (its
+    reference plan reaches the golden state; do-nothing, read-only, read-free and write-everything
+    probes do not) before admission. Train on it with env.name: synth, env.params: {path: OUT}."""
+    from steprl.envs.synth.package import load_package, write_package
+
+    report = write_package(spec, out)
+    console.print(
+        f"{out}: {report.admitted} tasks admitted of {report.generated} generated "
+        f"({report.validated_share:.0%} validated; probe wins {report.probe_wins}); "
+        f"random {report.random_success:.1%}, do-nothing {report.do_nothing_success:.1%}; "
+        f"{report.train_tasks} train tasks over {report.shapes_train} shapes, {report.eval_tasks} eval "
+        f"over {report.shapes_eval} held-out shapes; {report.seconds:.1f} s",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    if check:
+        from steprl.envs.check import check_spec
+
+        summary = check_spec(load_package(out), n_tasks=20, seed=0).summary()
+        console.print(f"[green]check-env: ok[/green] {summary}", highlight=False, soft_wrap=True)
 
 
 @app.command("check-template")

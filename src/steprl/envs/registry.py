@@ -6,7 +6,7 @@
 1. a registered name: a built-in (`_builtin_specs`, the only place the core imports
    `envs/library/*`) or one added with `register`, e.g. by a `--plugin` module;
 2. a family, whose spec is built from the env's params (`FAMILIES`): ``gym`` (any Gymnasium
-   id) and ``mcp`` (any MCP server);
+   id), ``mcp`` (any MCP server) and ``synth`` (a package `steprl synth` wrote: ``path``);
 3. an import path, ``package.module:attr``, where attr is an `EnvSpec` or a zero-argument
    function returning one;
 4. a name that an installed package registers in the ``steprl.envs`` entry-point group
@@ -123,6 +123,14 @@ def _gym_family(params: Mapping[str, Any]) -> EnvSpec:
     return gym_spec(params)
 
 
+def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
+    from steprl.envs.synth.package import load_package  # a package `steprl synth` wrote
+
+    if "path" not in params:
+        raise EnvParamsError("env synth: env.params needs path: the directory steprl synth wrote")
+    return load_package(str(params["path"]), name="synth")
+
+
 def _mcp_family(params: Mapping[str, Any]) -> EnvSpec:
     from steprl.envs.adapters.mcp_yaml import mcp_spec  # the mcp extra, imported when used
 
@@ -133,7 +141,11 @@ ENVS: dict[str, EnvSpec] = _builtin_specs()
 
 #: Families: env names whose spec is built from `env.params` (the spec's factory takes the
 #: same params), so a Gymnasium id or an MCP server trains from YAML alone.
-FAMILIES: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {"gym": _gym_family, "mcp": _mcp_family}
+FAMILIES: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {
+    "gym": _gym_family,
+    "mcp": _mcp_family,
+    "synth": _synth_family,
+}
 
 _FAMILY_SPECS: dict[str, EnvSpec] = {}  # (family, params) -> its spec, built once per process
 

@@ -1,0 +1,159 @@
+"""A synthesized env: the spec's tools over a world rebuilt from the task's seed, rewarded by
+comparing the final state with the task's golden one.
+
+The policy calls tools (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`; a tool with
+one string parameter also as `<name>value</name>`) and ends with `<answer>...</answer>`. The
+outcome is 1 when the episode's changes to the state are exactly the golden ones: every
+change the request asked for and no collateral change (AppWorld's rule); with
+`tasks.partial_credit` it is the Jaccard overlap of changed cells instead (a collateral change
+costs as much as a missed one). The answer's text is not read.
+
+Strategies: `expert` plays the task's reference plan; `random` sends junk, broken calls and
+random calls over the world's own values; `do_nothing` answers at once. The hack probes of
+`validate.py` are policies too (`PROBES`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from steprl.envs.base import Tool
+from steprl.envs.policy import Policy
+from steprl.envs.spec import EnvSpec
+from steprl.envs.synth.spec import SynthSpec, ToolDoc
+from steprl.envs.synth.templates import TEMPLATES
+from steprl.envs.synth.world import World, decode_diff, diff, diff_cells, make_world
+from steprl.envs.tool_env import FunctionTool, ToolEnv, render_system_prompt
+from steprl.types import Task
+
+
+class Episode:
+    """One episode's state: the world as it started and as the tools have changed it."""
+
+    def __init__(self, spec: SynthSpec, task: Task) -> None:
+        self.start = make_world(spec, int(task.params["world_seed"]))
+        self.world: World = copy.deepcopy(self.start)
+
+
+def score(spec: SynthSpec, episode: Episode, task: Task) -> float:
+    made, golden = diff(episode.start, episode.world), decode_diff(task.params["golden"])
+    if not spec.tasks.partial_credit:
+        return 1.0 if made == golden else 0.0
+    want, got = diff_cells(golden, episode.start), diff_cells(made, episode.start)
+    return len(want & got) / max(1, len(want | got))
+
+
+def _tool(spec: SynthSpec, doc: ToolDoc) -> Tool:
+    template = TEMPLATES[doc.template]
+
+    def run(state: Episode, **args: Any) -> str:
+        return template.call(spec, doc, state.world, args)
+
+    return FunctionTool(doc.name, doc.description, dict(doc.schema), run)
+
+
+def instructions(spec: SynthSpec) -> str:
+    return (
+        f"{spec.description.strip()} Do what the request asks using the tools, changing nothing "
+        "else, then answer done.".strip()
+    )
+
+
+_HINT = 'call <tool_call>{"name": ..., "arguments": {...}}</tool_call> or end: <answer>done</answer>'
+
+
+def make_env(spec: SynthSpec) -> ToolEnv:
+    tools = [_tool(spec, t) for t in spec.tools]
+    syntax_tools = tools  # the prompt lists every tool with its argument schema
+    env = ToolEnv(
+        tools,
+        lambda answer, task, state: score(spec, state, task),
+        episode=lambda task, seed: Episode(spec, task),
+        format_hint=_HINT,
+    )
+    env.system_prompt = render_system_prompt(
+        syntax_tools, env.syntax, instructions=instructions(spec), schemas=True
+    )
+    return env
+
+
+def render_call(name: str, args: Mapping[str, Any]) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': dict(args)})}</tool_call>"
+
+
+DONE = "<answer>done</answer>"
+
+
+def expert(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+    plan = task.params["plan"]
+    return render_call(*plan[len(history)]) if len(history) < len(plan) else DONE
+
+
+def do_nothing(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+    return DONE
+
+
+def random_policy_for(spec: SynthSpec) -> Policy:
+    """Junk, broken calls, unknown tools and random calls with the world's own values."""
+
+    def policy(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+        world = make_world(spec, int(task.params["world_seed"]))
+        values = [k for t in world.values() for k in t] + [
+            v for t in world.values() for r in t.values() for v in r.values()
+        ]
+
+        def call() -> str:
+            doc = rng.choice(spec.tools)
+            return render_call(doc.name, {p.name: rng.choice(values) for p in doc.params})
+
+        options = (
+            call,
+            call,
+            call,
+            lambda: "".join(rng.choice('ab<>{}" :') for _ in range(rng.randint(0, 20))),
+            lambda: '<tool_call>{"name": "drop_all", "arguments": {}}</tool_call>',
+            lambda: "<tool_call>{not json</tool_call>",
+            lambda: DONE,
+        )
+        return rng.choice(options)()
+
+    return policy
+
+
+def task_stream(spec: SynthSpec, tasks: Sequence[Task]) -> Any:
+    """`EnvSpec.tasks` over a fixed list: each split's tasks in a seeded order, cycled forever."""
+
+    def make_tasks(split: str, seed: int) -> Iterator[Task]:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        pool = [t for t in tasks if t.params.get("split") == split]
+        if not pool:
+            raise ValueError(f"{spec.name}: no {split} tasks; synthesize again with more tasks")
+        rng = random.Random(f"{spec.name}:{split}:{seed}")
+        while True:
+            order = list(pool)
+            rng.shuffle(order)
+            yield from order
+
+    return make_tasks
+
+
+def env_spec(spec: SynthSpec, tasks: Sequence[Task], name: str | None = None) -> EnvSpec:
+    longest = max((len(t.params["plan"]) for t in tasks), default=1)
+    named = name or spec.name
+
+    def factory(path: str = "") -> ToolEnv:  # `path`: the synth family's env.params
+        return make_env(spec)
+
+    return EnvSpec(
+        name=named,
+        factory=factory,
+        tasks=task_stream(spec, [Task(t.id, t.prompt, named, t.seed, t.answer, t.params) for t in tasks]),
+        strategies={"expert": expert, "random": random_policy_for(spec), "do_nothing": do_nothing},
+        max_turns=max(spec.max_turns, longest + 1),
+        description=spec.description or f"synthesized from {spec.source}",
+    )

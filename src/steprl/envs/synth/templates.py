@@ -1,0 +1,290 @@
+"""How a documented tool is implemented over the state, with no LLM: one template per shape of
+tool, in one dict (`TEMPLATES`); `check_template` (run by the tests over every entry) holds each
+to its contract on a generated world.
+
+A template says what a tool must declare to be one of its kind (`problem`: None if it fits),
+runs a call on a world (`call`: returns the result text, raises `ToolError` for a model's bad
+input), names the semantic type of its result (what the dependency graph links on), and words a
+call for a task's request (`phrase`). A tool's template is `template:` in the spec, or the first
+entry here whose `problem` is None (`infer_template`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from steprl.envs.base import ToolError
+from steprl.envs.synth.spec import SynthSpec, SynthSpecError, Table, ToolDoc, read_spec, read_yaml
+from steprl.envs.synth.world import World, new_key
+
+
+class Template(Protocol):
+    writes: bool  # whether a call changes the state
+    needs: str  # what a tool declares to be of this kind (for the error when none fits)
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None: ...
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None: ...
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str: ...
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str: ...
+
+
+def _field(ref: str) -> str:
+    return ref.partition(".")[2]
+
+
+def _key_param(spec: SynthSpec, tool: ToolDoc) -> str | None:
+    table = spec.tables[tool.table]
+    return next((p.name for p in tool.params if p.semantic == table.key_type), None)
+
+
+def _record(spec: SynthSpec, tool: ToolDoc, world: World, key: Any) -> dict[str, Any]:
+    table = spec.tables[tool.table]
+    record = world[table.name].get(str(key))
+    if record is None:
+        raise ToolError(f"no {table.singular} {key}")
+    return record
+
+
+def _check_refs(spec: SynthSpec, world: World, tool: ToolDoc, args: Mapping[str, Any]) -> None:
+    """A value typed by a table's key must name one of its records."""
+    owner = spec.key_types()
+    for p in tool.params:
+        if p.semantic in owner and str(args[p.name]) not in world[owner[p.semantic]]:
+            raise ToolError(f"no {spec.tables[owner[p.semantic]].singular} {args[p.name]}")
+
+
+class Find:
+    writes = False
+    needs = "find: reads [T.f], one parameter of f's type, returns T's key type"
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        table = spec.tables[tool.table]
+        if tool.writes or len(tool.reads) != 1 or not _field(tool.reads[0]):
+            return "reads exactly one table.field and writes nothing"
+        want = table.type_of(_field(tool.reads[0]))
+        if len(tool.params) != 1 or tool.params[0].semantic != want:
+            return f"takes one parameter of type {want!r}"
+        if tool.returns != table.key_type:
+            return f"returns {table.key_type!r}"
+        return None
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return spec.tables[tool.table].key_type
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        table, f = spec.tables[tool.table], _field(tool.reads[0])
+        value = args[tool.params[0].name]
+        hits = [k for k, r in sorted(world[table.name].items()) if r.get(f) == value]
+        if not hits:
+            raise ToolError(f"no {table.singular} with {f} {value!r}")
+        return hits[0]
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        return ""  # implied by the references to what it finds
+
+
+class Get:
+    writes = False
+    needs = "get: reads [T.f], one parameter of T's key type"
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        if tool.writes or len(tool.reads) != 1 or not _field(tool.reads[0]):
+            return "reads exactly one table.field and writes nothing"
+        key = _key_param(spec, tool)
+        if key is None or len(tool.params) != 1:
+            return "takes only the record's key"
+        return None
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return spec.tables[tool.table].type_of(_field(tool.reads[0]))
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        key = args[tool.params[0].name]
+        return str(_record(spec, tool, world, key)[_field(tool.reads[0])])
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        return f"the {_field(tool.reads[0])} of {words[tool.params[0].name]}"
+
+
+def _write_field_problem(spec: SynthSpec, tool: ToolDoc, effect: str) -> str | None:
+    if len(tool.writes) != 1 or not _field(tool.writes[0]) or tool.effect != effect:
+        return f"writes exactly one table.field with effect {effect}"
+    table: Table = spec.tables[tool.table]
+    key = _key_param(spec, tool)
+    others = [p for p in tool.params if p.name != key]
+    want = "int" if effect == "add" else table.type_of(_field(tool.writes[0]))
+    if key is None or len(others) != 1 or others[0].semantic != want:
+        return f"takes the record's key and one value of type {want!r}"
+    if effect == "add" and table.type_of(_field(tool.writes[0])) != "int":
+        return "adds to an int field"
+    return None
+
+
+class Set:
+    writes = True
+    needs = "set: writes [T.f], the record's key and a value of f's type"
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return _write_field_problem(spec, tool, "set")
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return None
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        key = _key_param(spec, tool)
+        _check_refs(spec, world, tool, args)
+        value = next(args[p.name] for p in tool.params if p.name != key)
+        _record(spec, tool, world, args[str(key)])[_field(tool.writes[0])] = value
+        return "ok"
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        key = str(_key_param(spec, tool))
+        value = next(words[p.name] for p in tool.params if p.name != key)
+        return f"set the {_field(tool.writes[0])} of {words[key]} to {value}"
+
+
+class Add:
+    writes = True
+    needs = "add: writes [T.f] (an int) with effect: add, the record's key and an int amount"
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return _write_field_problem(spec, tool, "add")
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return None
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        key = str(_key_param(spec, tool))
+        amount = next(args[p.name] for p in tool.params if p.name != key)
+        record = _record(spec, tool, world, args[key])
+        record[_field(tool.writes[0])] += int(amount)
+        return str(record[_field(tool.writes[0])])
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        key = str(_key_param(spec, tool))
+        amount = next(words[p.name] for p in tool.params if p.name != key)
+        return f"add {amount} to the {_field(tool.writes[0])} of {words[key]}"
+
+
+class Create:
+    writes = True
+    needs = "create: writes [T], parameters among T's fields, returns T's key type"
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        table = spec.tables[tool.table]
+        if len(tool.writes) != 1 or _field(tool.writes[0]):
+            return "writes a whole table"
+        if tool.returns != table.key_type:
+            return f"returns the new record's {table.key_type!r}"
+        if not tool.params or any(table.fields.get(p.name) != p.semantic for p in tool.params):
+            return f"takes some of the fields of {table.name} ({', '.join(table.fields)}) by name"
+        return None
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return spec.tables[tool.table].key_type
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        table = spec.tables[tool.table]
+        _check_refs(spec, world, tool, args)
+        record = {f: args.get(f, _default(spec, typ)) for f, typ in table.fields.items()}
+        key = new_key(world, table)
+        world[table.name][key] = record
+        return key
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        table = spec.tables[tool.table]
+        parts = [f"{p.name} {words[p.name]}" for p in tool.params]
+        return f"create a {table.singular} with " + " and ".join(parts)
+
+
+def _default(spec: SynthSpec, semantic: str) -> Any:
+    """The value a create gives a field it does not take: the pool's first (or least) value."""
+    pool = spec.pool(semantic)
+    return pool["min"] if isinstance(pool, Mapping) else list(pool)[0]
+
+
+class Delete:
+    writes = True
+    needs = "delete: writes [T], only the record's key, returns nothing"
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        if len(tool.writes) != 1 or _field(tool.writes[0]) or tool.returns is not None:
+            return "writes a whole table and returns nothing"
+        if _key_param(spec, tool) is None or len(tool.params) != 1:
+            return "takes only the record's key"
+        return None
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return None
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        key = str(args[tool.params[0].name])
+        _record(spec, tool, world, key)
+        del world[tool.table][key]
+        return "ok"
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        return f"delete {words[tool.params[0].name]}"
+
+
+#: name -> template; inference tries them in this order.
+TEMPLATES: dict[str, Template] = {
+    "find": Find(),
+    "get": Get(),
+    "set": Set(),
+    "add": Add(),
+    "create": Create(),
+    "delete": Delete(),
+}
+
+
+def infer_template(spec: SynthSpec, tool: ToolDoc, where: str) -> ToolDoc:
+    """`tool` with its template: the one it names (checked) or the first that fits."""
+    for p in tool.params:
+        if p.json_type != spec.json_type(p.semantic):
+            raise SynthSpecError(
+                f"{where}.parameters.properties.{p.name}: type {p.json_type!r} does not hold values of "
+                f"type {p.semantic!r}; use {spec.json_type(p.semantic)!r}"
+            )
+    if tool.template:
+        template = TEMPLATES.get(tool.template)
+        if template is None:
+            raise SynthSpecError(f"{where}.template: {tool.template!r} is not one of {', '.join(TEMPLATES)}")
+        problem = template.problem(spec, tool)
+        if problem is not None:
+            raise SynthSpecError(f"{where}: a {tool.template} tool {problem}")
+        return tool
+    for name, template in TEMPLATES.items():
+        if template.problem(spec, tool) is None:
+            return dataclasses.replace(tool, template=name)
+    raise SynthSpecError(
+        f"{where}: no template implements it (reads {list(tool.reads)}, writes {list(tool.writes)}, "
+        f"returns {tool.returns}); one of: " + "; ".join(t.needs for t in TEMPLATES.values())
+    )
+
+
+def phrase(spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+    """A call in words: the tool's own `phrase` with {param} filled, else the template's."""
+    if tool.phrase:
+        try:
+            return tool.phrase.format(**words)
+        except (KeyError, IndexError) as exc:
+            raise SynthSpecError(f"tool {tool.name}: phrase names {exc}, not one of its parameters") from None
+    return TEMPLATES[tool.template].phrase(spec, tool, words)
+
+
+def parse_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
+    """A `SynthSpec` from a YAML document's data, every tool's template inferred or checked."""
+    spec = read_spec(raw, source)
+    tools = tuple(infer_template(spec, t, f"tools[{i}] ({t.name})") for i, t in enumerate(spec.tools))
+    return dataclasses.replace(spec, tools=tools)
+
+
+def load_spec(path: str | Path) -> SynthSpec:
+    return parse_spec(read_yaml(path), str(path))

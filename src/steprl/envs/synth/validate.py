@@ -1,0 +1,139 @@
+"""Validation before admission: a task is admitted only if its reference plan reaches the golden
+state and no shortcut does.
+
+Per task, each of `PROBES` must fail (outcome < 1):
+
+* `do_nothing`: answers at once (also: a policy that answers without acting);
+* `read_only`: calls every reading tool the plan calls, then answers: reading alone changes nothing;
+* `read_free`: the plan's writes with no read at all: every record it names is given as the
+  request names it (a find's value in place of the id it finds), and a value the plan read is
+  left out of a computed write;
+* `write_everything`: each of the plan's writes applied to every record its first record-typed
+  parameter could name (an order placed for every customer): the collateral changes must cost
+  the outcome.
+
+Over all tasks, the `random` and `do_nothing` strategies must succeed on under 1% (`report`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from steprl.envs.synth.env import DONE, do_nothing, make_env, random_policy_for, render_call
+from steprl.envs.synth.spec import SynthSpec
+from steprl.envs.synth.templates import TEMPLATES
+from steprl.envs.synth.world import make_world
+from steprl.envs.tool_env import ToolEnv
+from steprl.types import Task
+
+#: a probe: (spec, task) -> the actions it sends, in order (then it answers)
+Probe = Callable[[SynthSpec, Task], list[str]]
+
+
+def play_actions(env: ToolEnv, task: Task, actions: Sequence[str], max_turns: int) -> float:
+    """The outcome of sending `actions` (then answering) in a fresh episode."""
+    env.reset(task, 0)
+    for action in [*actions, DONE][:max_turns]:
+        t = env.step(action)
+        if t.terminated or t.truncated:
+            return float(t.info.get("reward_components", {}).get("outcome", t.reward))
+    return 0.0
+
+
+def play_policy(env: ToolEnv, task: Task, policy: Any, seed: int, max_turns: int) -> float:
+    env.reset(task, seed)
+    rng, history = random.Random(seed), list[tuple[str, str]]()
+    for _ in range(max_turns):
+        action = policy(task, history, rng)
+        t = env.step(action)
+        if t.terminated or t.truncated:
+            return float(t.info.get("reward_components", {}).get("outcome", t.reward))
+        history.append((action, t.observation))
+    return 0.0
+
+
+def _plan(task: Task) -> list[tuple[str, dict[str, Any]]]:
+    return [(str(n), dict(a)) for n, a in task.params["plan"]]
+
+
+def _is_write(spec: SynthSpec, name: str) -> bool:
+    return TEMPLATES[spec.tool(name).template].writes
+
+
+def probe_read_only(spec: SynthSpec, task: Task) -> list[str]:
+    return [render_call(n, a) for n, a in _plan(task) if not _is_write(spec, n)]
+
+
+def probe_read_free(spec: SynthSpec, task: Task) -> list[str]:
+    plan = _plan(task)
+    stated: dict[str, Any] = {}  # a found id -> the value the request named it by
+    world = make_world(spec, int(task.params["world_seed"]))
+    for n, a in plan:  # replayed: a find may look up what an earlier call created
+        doc = spec.tool(n)
+        result = TEMPLATES[doc.template].call(spec, doc, world, a)
+        if doc.template == "find":
+            stated[result] = next(iter(a.values()))
+    out = []
+    for n, a in plan:
+        if not _is_write(spec, n):
+            continue
+        out.append(render_call(n, {k: stated.get(v, v) if isinstance(v, str) else v for k, v in a.items()}))
+    return out
+
+
+def probe_write_everything(spec: SynthSpec, task: Task) -> list[str]:
+    world = make_world(spec, int(task.params["world_seed"]))
+    out = []
+    for n, a in _plan(task):
+        doc = spec.tool(n)
+        if not _is_write(spec, n):
+            continue
+        owner = spec.key_types()  # vary the first parameter that names a record (its own or another's)
+        keyed = [p for p in doc.params if p.semantic in owner]
+        if not keyed:
+            out.append(render_call(n, a))
+            continue
+        for key in sorted(world[owner[keyed[0].semantic]]):
+            out.append(render_call(n, {**a, keyed[0].name: key}))
+    return out
+
+
+PROBES: dict[str, Probe] = {
+    "do_nothing": lambda spec, task: [],
+    "read_only": probe_read_only,
+    "read_free": probe_read_free,
+    "write_everything": probe_write_everything,
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reference: float  # the reference plan's outcome (must be 1)
+    probes_won: tuple[str, ...]  # the probes that reached the golden state (must be none)
+
+    @property
+    def admitted(self) -> bool:
+        return self.reference == 1.0 and not self.probes_won
+
+
+def validate(spec: SynthSpec, env: ToolEnv, task: Task) -> Verdict:
+    turns = 10_000  # probes are not policies under a turn cap: every action they send is played
+    reference = play_actions(env, task, [render_call(n, a) for n, a in _plan(task)], turns)
+    won = tuple(
+        name for name, probe in PROBES.items() if play_actions(env, task, probe(spec, task), turns) >= 1.0
+    )
+    return Verdict(reference, won)
+
+
+def baseline_rates(spec: SynthSpec, tasks: Sequence[Task], seeds: int = 4) -> dict[str, float]:
+    """The share of episodes the random and do-nothing strategies solve (each task x `seeds`)."""
+    env = make_env(spec)
+    policies = {"random": random_policy_for(spec), "do_nothing": do_nothing}
+    out = {}
+    for name, policy in policies.items():
+        wins = [play_policy(env, t, policy, s, spec.max_turns) >= 1.0 for t in tasks for s in range(seeds)]
+        out[name] = sum(wins) / max(1, len(wins))
+    return out
