@@ -270,7 +270,7 @@ def main() -> None:
         ]
         for env, name, seed in todo:
             while len(running) >= a.jobs:
-                running = [r for r in running if r.poll() is None] or running
+                running = [r for r in running if r.poll() is None]
                 time.sleep(1) if len(running) >= a.jobs else None
             print(f"run {env} {name} seed {seed}", flush=True)
             running.append(

@@ -1,0 +1,246 @@
+"""`steprl synth` (issue 29): from tool documentation to validated tasks, and the env they run in."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steprl.envs.check import check_spec
+from steprl.envs.registry import get_spec
+from steprl.envs.synth import SynthSpecError, load_spec, parse_spec, synthesize, write_package
+from steprl.envs.synth.check import check_tool
+from steprl.envs.synth.env import DONE, Episode, env_spec, make_env, render_call, score
+from steprl.envs.synth.templates import TEMPLATES
+from steprl.envs.synth.validate import PROBES, play_actions, validate
+from steprl.envs.synth.world import diff, encode_diff
+from steprl.types import Task
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "configs" / "synth").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module", params=SHIPPED, ids=lambda p: p.stem)
+def shipped(request: pytest.FixtureRequest) -> tuple:
+    spec = load_spec(request.param)
+    tasks, report = synthesize(spec)
+    return spec, tasks, report
+
+
+def test_shipped_specs_give_validated_tasks(shipped: tuple) -> None:
+    spec, tasks, report = shipped
+    assert report.admitted >= 100 and report.validated_share >= 0.95
+    assert report.random_success < 0.01 and report.do_nothing_success < 0.01
+    assert report.shapes_eval >= 1 and report.eval_tasks >= 1 and report.train_tasks >= 1
+    train = {t.params["shape"] for t in tasks if t.params["split"] == "train"}
+    held = {t.params["shape"] for t in tasks if t.params["split"] == "eval"}
+    assert not train & held  # the eval split is shapes training never sees
+    env = make_env(spec)
+    assert all(validate(spec, env, t).admitted for t in tasks)  # every admitted task: no probe wins
+    assert {t.template for t in spec.tools} <= set(TEMPLATES)
+    check_spec(env_spec(spec, tasks), n_tasks=10)
+
+
+def test_every_template_keeps_its_contract() -> None:
+    """Over every tool of every shipped spec; together they use every template."""
+    used = set()
+    for path in SHIPPED:
+        spec = load_spec(path)
+        for tool in spec.tools:
+            check_tool(spec, tool)
+            used.add(tool.template)
+    assert used == set(TEMPLATES)
+
+
+@pytest.mark.parametrize("probe", list(PROBES))
+def test_each_probe_is_caught_when_it_would_win(shipped: tuple, probe: str) -> None:
+    """A task whose golden state is what the probe reaches is refused, naming the probe."""
+    spec, tasks, _ = shipped
+    env = make_env(spec)
+    task = next(t for t in tasks if len(t.params["plan"]) >= 3)
+    play_actions(env, task, PROBES[probe](spec, task), 10_000)
+    episode: Episode = env._state
+    reached = diff(episode.start, episode.world)
+    rigged = Task(
+        task.id, task.prompt, task.env, task.seed, None, {**task.params, "golden": encode_diff(reached)}
+    )
+    verdict = validate(spec, env, rigged)
+    assert probe in verdict.probes_won and not verdict.admitted
+
+
+def test_collateral_changes_cost_the_outcome(shipped: tuple) -> None:
+    spec, tasks, _ = shipped
+    env = make_env(spec)
+    task = next(t for t in tasks if t.params["plan"][-1][0] != "remove")
+    plan = [render_call(n, a) for n, a in task.params["plan"]]
+    assert play_actions(env, task, plan, 100) == 1.0
+    name, args = task.params["plan"][0]
+    extra = next(t for t in spec.tools if TEMPLATES[t.template].writes and t.template != "delete")
+    # one more write on another record: every asked change made, plus one nobody asked for
+    episode = Episode(spec, task)
+    for n, a in task.params["plan"]:
+        TEMPLATES[spec.tool(n).template].call(spec, spec.tool(n), episode.world, a)
+    golden_world = copy.deepcopy(episode.world)
+    table = spec.tables[extra.table]
+    key = sorted(golden_world[table.name])[0]
+    record = golden_world[table.name][key]
+    field = extra.writes[0].partition(".")[2]
+    if field:
+        record[field] = "collateral" if not isinstance(record[field], int) else record[field] + 1000
+    else:
+        del golden_world[table.name][key]
+    episode.world = golden_world
+    assert score(spec, episode, task) == 0.0
+    partial = parse_spec({**yaml.safe_load(Path(spec.source).read_text()), "tasks": {"partial_credit": True}})
+    assert 0.0 < score(partial, episode, task) < 1.0
+
+
+def test_reward_needs_the_state_not_the_answer(shipped: tuple) -> None:
+    spec, tasks, _ = shipped
+    env = make_env(spec)
+    task = tasks[0]
+    env.reset(task, 0)
+    t = env.step("<answer>" + task.prompt + "</answer>")  # the request echoed: nothing done
+    assert t.terminated and t.reward <= 0.0
+    assert play_actions(env, task, ["<tool_call>{broken", "<tool_call>{}</tool_call>"], 100) == 0.0
+
+
+BAD = [
+    ({"name": "x", "tables": {}, "tools": []}, "tables: needs at least one table"),
+    (
+        {
+            "name": "x",
+            "tables": {"a": {"key": "id", "fields": {"v": "colour"}}},
+            "tools": [{"name": "t", "reads": ["a.v"]}],
+        },
+        "tables.a.fields.v: type 'colour' is not a builtin",
+    ),
+    (
+        {
+            "name": "x",
+            "tables": {"a": {"key": "id", "fields": {"v": "int"}}},
+            "tools": [{"name": "t", "reads": ["a.w"]}],
+        },
+        "table 'a' has no field 'w'",
+    ),
+    (
+        {
+            "name": "x",
+            "tables": {"a": {"key": "id", "fields": {"v": "int"}}},
+            "tools": [{"name": "t", "reads": ["a.v"], "writes": ["a.v"]}],
+        },
+        "no template implements it",
+    ),
+    (
+        {
+            "name": "x",
+            "tables": {"a": {"key": "id", "fields": {"v": "int"}}},
+            "tools": [{"name": "t", "writes": ["a.v"], "template": "sett"}],
+        },
+        "'sett' is not one of find, get",
+    ),
+    (
+        {
+            "name": "x",
+            "tables": {"a": {"key": "id", "fields": {"v": "int"}}},
+            "tools": [
+                {
+                    "name": "t",
+                    "reads": ["a.v"],
+                    "parameters": {"type": "object", "properties": {"id": {"type": "integer"}}},
+                }
+            ],
+        },
+        "does not hold values of type 'id'",
+    ),
+    (
+        {"name": "x", "tables": {"a": {"key": "id", "fields": {"v": "int"}, "rows": 1}}, "tools": []},
+        "rows: must be",
+    ),
+    ({"name": "x", "tabels": {}}, "unknown keys ['tabels']"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_a_malformed_spec_is_one_line_naming_the_key(raw: dict, message: str) -> None:
+    with pytest.raises(SynthSpecError, match=None) as err:
+        parse_spec(raw)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+LIBRARY = """
+name: library
+description: A lending library's books, members and loans.
+tables:
+  members: {key: card, fields: {name: member_name, fines: int}, rows: 4}
+  books: {key: isbn, fields: {title: title, copies: int, shelf: shelf}, rows: 5}
+  loans: {key: loan_id, fields: {card: card, isbn: isbn, days: int}, rows: 3}
+types:
+  member_name: [ines, omar, lena, yuki, tariq]
+  title: [dune, emma, ulysses, beloved, walden, ivanhoe]
+  shelf: [A1, A2, B1, C3]
+  int: {min: 0, max: 30}
+tools:
+  - {name: member_by_name, description: A member's card number., reads: [members.name], returns: card,
+     parameters: {type: object, properties: {name: {type: string}}, required: [name]}}
+  - {name: book_by_title, description: A book's ISBN., reads: [books.title], returns: isbn,
+     parameters: {type: object, properties: {title: {type: string}}, required: [title]}}
+  - {name: copies_of, description: Copies on the shelf., reads: [books.copies],
+     parameters: {type: object, properties: {isbn: {type: string}}, required: [isbn]}}
+  - {name: lend, description: Lend a book to a member., writes: [loans], returns: loan_id,
+     parameters: {type: object, required: [card, isbn, days],
+                  properties: {card: {type: string}, isbn: {type: string}, days: {type: integer}}}}
+  - {name: fine, description: Add to a member's fines., writes: [members.fines], effect: add,
+     parameters: {type: object, properties: {card: {type: string}, amount: {type: integer, x-type: int}}}}
+  - {name: shelve, description: Move a book to a shelf., writes: [books.shelf],
+     parameters: {type: object, properties: {isbn: {type: string}, shelf: {type: string}}}}
+  - {name: return_loan, description: End a loan., writes: [loans],
+     parameters: {type: object, properties: {loan_id: {type: string}}}}
+"""
+
+
+def test_a_new_domain_synthesizes_and_checks_from_the_plain_cli(tmp_path: Path) -> None:
+    (tmp_path / "library.yaml").write_text(LIBRARY)
+    steprl = [sys.executable, "-c", "from steprl.cli import main; main()"]
+    made = subprocess.run(
+        [*steprl, "synth", "library.yaml", "-o", "lib_env"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr + made.stdout
+    assert "check-env: ok" in made.stdout and "tasks admitted" in made.stdout
+    spec = get_spec("synth", {"path": str(tmp_path / "lib_env")})  # env: {name: synth, params: {path: ...}}
+    check_spec(spec, n_tasks=5, env_params={"path": str(tmp_path / "lib_env")})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(LIBRARY.replace("reads: [books.copies]", "reads: [books.colour]"))
+    refused = subprocess.run(
+        [*steprl, "synth", "bad.yaml", "-o", "x"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert (
+        refused.returncode == 2
+        and refused.stdout.strip().count("\n") == 0
+        and "books.colour" in refused.stdout
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_package_loads_by_import_path_and_keeps_foreign_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report = write_package(SHIPPED[0], tmp_path / "pkg_a")
+    monkeypatch.chdir(tmp_path)
+    spec = get_spec("pkg_a:SPEC")
+    task = next(spec.tasks("eval", 0))
+    env = make_env(load_spec(SHIPPED[0]))  # what spec.factory() makes
+    assert type(spec.factory()) is type(env)
+    env.reset(task, 0)
+    for n, a in task.params["plan"]:
+        env.step(render_call(n, a))
+    assert env.step(DONE).reward == 1.0 and report.admitted >= 100
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(SynthSpecError, match="not a package steprl synth wrote"):
+        write_package(SHIPPED[0], tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
