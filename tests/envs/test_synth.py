@@ -244,3 +244,39 @@ def test_package_loads_by_import_path_and_keeps_foreign_directories(
     with pytest.raises(SynthSpecError, match="not a package steprl synth wrote"):
         write_package(SHIPPED[0], tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_admission_replaces_mastered_tasks_live_and_skips_mastered_shapes() -> None:
+    """The loop on a synthesized env's never-ending train split, with a learner whose skill on
+    a shape grows each time it trains one: retired tasks are replaced, mastered shapes refused."""
+    from steprl.training.sources import TaskSplits, make_source
+    from steprl.training.sources.admission import AdmissionSource, shape_of
+    from steprl.types import EndReason, Group, Trajectory
+
+    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
+    splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
+    source = make_source("admission", splits, 0, {"active": 8, "band": [0.2, 0.8], "window": 2})
+    assert isinstance(source, AdmissionSource)
+    skill: dict[str, float] = {}
+    rates = []
+    for _ in range(300):
+        item = source.next()
+        assert item is not None
+        task = item[1]
+        s = skill.get(shape_of(task), 0.25)
+        wins = round(s * 4)
+        trajs = tuple(
+            Trajectory(task.id, f"{task.id}-{k}", task.env, (), float(k < wins), EndReason.ANSWERED)
+            for k in range(4)
+        )
+        source.observe(Group(task, trajs))
+        skill[shape_of(task)] = min(1.0, s + 0.1)
+        rates.append(source.metrics())
+    last = rates[-1]
+    assert (
+        last["source/active"] == 8
+        and last["source/retired"] > 8
+        and last["source/admitted"] == 8 + last["source/retired"]
+    )
+    assert last["source/skipped"] > 0  # shapes above the band were not asked for again
+    assert all("source/pass_rate" in m for m in rates[8:])

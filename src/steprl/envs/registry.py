@@ -6,7 +6,8 @@
 1. a registered name: a built-in (`_builtin_specs`, the only place the core imports
    `envs/library/*`) or one added with `register`, e.g. by a `--plugin` module;
 2. a family, whose spec is built from the env's params (`FAMILIES`): ``gym`` (any Gymnasium
-   id), ``mcp`` (any MCP server) and ``synth`` (a package `steprl synth` wrote: ``path``);
+   id), ``mcp`` (any MCP server) and ``synth`` (``path``: a package `steprl synth` wrote, or
+   ``spec``: a tool-doc YAML synthesized as the run starts);
 3. an import path, ``package.module:attr``, where attr is an `EnvSpec` or a zero-argument
    function returning one;
 4. a name that an installed package registers in the ``steprl.envs`` entry-point group
@@ -124,11 +125,15 @@ def _gym_family(params: Mapping[str, Any]) -> EnvSpec:
 
 
 def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
-    from steprl.envs.synth.package import load_package  # a package `steprl synth` wrote
+    from steprl.envs.synth.package import load_package, spec_from_yaml
 
-    if "path" not in params:
-        raise EnvParamsError("env synth: env.params needs path: the directory steprl synth wrote")
-    return load_package(str(params["path"]), name="synth")
+    if "path" in params:  # a package `steprl synth` wrote
+        return load_package(str(params["path"]), name="synth")
+    if "spec" in params:  # a tool-doc YAML, synthesized as the run starts (deterministic)
+        return spec_from_yaml(str(params["spec"]), name="synth")
+    raise EnvParamsError(
+        "env synth: env.params needs path (a directory steprl synth wrote) or spec (a tool-doc YAML)"
+    )
 
 
 def _mcp_family(params: Mapping[str, Any]) -> EnvSpec:

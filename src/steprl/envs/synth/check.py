@@ -39,9 +39,13 @@ def check_tool(spec: SynthSpec, tool: ToolDoc, worlds: int = 5) -> None:
         twin = copy.deepcopy(world)
         out = template.call(spec, tool, world, args)
         assert isinstance(out, str), f"{tool.name}: returned {type(out).__name__}, not str"
-        assert template.call(spec, tool, twin, args) == out and twin == world, f"{tool.name}: not deterministic"
+        assert template.call(spec, tool, twin, args) == out and twin == world, (
+            f"{tool.name}: not deterministic"
+        )
         others = {t: r for t, r in world.items() if t != tool.table}
-        assert others == {t: r for t, r in before.items() if t != tool.table}, f"{tool.name}: wrote another table"
+        assert others == {t: r for t, r in before.items() if t != tool.table}, (
+            f"{tool.name}: wrote another table"
+        )
         if not template.writes:
             assert world == before, f"{tool.name}: a {tool.template} tool changed the state"
         changed_any |= world != before

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from steprl.envs.base import Tool
@@ -29,6 +29,13 @@ from steprl.envs.synth.templates import TEMPLATES
 from steprl.envs.synth.world import World, decode_diff, diff, diff_cells, make_world
 from steprl.envs.tool_env import FunctionTool, ToolEnv, render_system_prompt
 from steprl.types import Task
+
+#: seed -> new train tasks forever (`package.fresh_tasks`)
+Fresh = Callable[[int], Iterator[Task]]
+
+
+def _named(t: Task, env: str) -> Task:
+    return Task(t.id, t.prompt, env, t.seed, t.answer, t.params)
 
 
 class Episode:
@@ -124,35 +131,56 @@ def random_policy_for(spec: SynthSpec) -> Policy:
     return policy
 
 
-def task_stream(spec: SynthSpec, tasks: Sequence[Task]) -> Any:
-    """`EnvSpec.tasks` over a fixed list: each split's tasks in a seeded order, cycled forever."""
+def task_stream(spec: SynthSpec, tasks: Sequence[Task], fresh: Fresh | None = None) -> Any:
+    """`EnvSpec.tasks`: eval, the fixed held-out tasks in a seeded order, cycled; train, the fixed
+    train tasks in a seeded order, then `fresh(seed)`'s new ones forever (or the fixed ones
+    cycled, without `fresh`)."""
 
-    def make_tasks(split: str, seed: int) -> Iterator[Task]:
+    def make_tasks(split: str, seed: int, max_calls: int = 0) -> Iterator[Task]:
+        """`max_calls` > 0 keeps the tasks whose reference plan has at most that many calls (a
+        small model's context)."""
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        pool = [t for t in tasks if t.params.get("split") == split]
+
+        def fits(t: Task) -> bool:
+            return max_calls <= 0 or len(t.params["plan"]) <= max_calls
+
+        pool = [t for t in tasks if t.params.get("split") == split and fits(t)]
         if not pool:
-            raise ValueError(f"{spec.name}: no {split} tasks; synthesize again with more tasks")
+            raise ValueError(f"{spec.name}: no {split} tasks (max_calls {max_calls}); synthesize more tasks")
         rng = random.Random(f"{spec.name}:{split}:{seed}")
+        order = list(pool)
+        rng.shuffle(order)
+        yield from order
+        if split == "train" and fresh is not None:
+            yield from (t for t in fresh(seed) if fits(t))
+            return
         while True:
-            order = list(pool)
             rng.shuffle(order)
             yield from order
 
     return make_tasks
 
 
-def env_spec(spec: SynthSpec, tasks: Sequence[Task], name: str | None = None) -> EnvSpec:
+def env_spec(
+    spec: SynthSpec, tasks: Sequence[Task], name: str | None = None, fresh: Fresh | None = None
+) -> EnvSpec:
     longest = max((len(t.params["plan"]) for t in tasks), default=1)
     named = name or spec.name
 
-    def factory(path: str = "") -> ToolEnv:  # `path`: the synth family's env.params
-        return make_env(spec)
+    synth = spec
+
+    def factory(path: str = "", spec: str = "") -> ToolEnv:  # the synth family's env.params
+        return make_env(synth)
 
     return EnvSpec(
         name=named,
         factory=factory,
-        tasks=task_stream(spec, [Task(t.id, t.prompt, named, t.seed, t.answer, t.params) for t in tasks]),
+        tasks=task_stream(
+            spec,
+            [_named(t, named) for t in tasks],
+            fresh and (lambda seed: (_named(t, named) for t in fresh(seed))),
+        ),
         strategies={"expert": expert, "random": random_policy_for(spec), "do_nothing": do_nothing},
         max_turns=max(spec.max_turns, longest + 1),
         description=spec.description or f"synthesized from {spec.source}",

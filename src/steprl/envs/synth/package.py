@@ -22,6 +22,7 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ class SynthReport:
         return self.validated / max(1, self.generated)
 
 
-def _task(spec: SynthSpec, i: int, world_seed: int, c: Any) -> Task:
+def _task(spec: SynthSpec, i: int | str, world_seed: int, c: Any) -> Task:
     return Task(
         id=f"{spec.name}-{i}",
         prompt=c.prompt,
@@ -71,6 +72,28 @@ def _task(spec: SynthSpec, i: int, world_seed: int, c: Any) -> Task:
             "shape": c.shape,
         },
     )
+
+
+def fresh_tasks(spec: SynthSpec, held: frozenset[str], seed: int) -> Iterator[Task]:
+    """New admitted train tasks forever (new worlds, no held-out shape), a pure function of the
+    spec and `seed`: what a synthesized env's train split serves after its fixed tasks, and
+    what the `admission` task source draws from when it asks for more."""
+    rng = random.Random(f"fresh:{spec.name}:{spec.tasks.seed}:{seed}")
+    env = make_env(spec)
+    made = misses = 0
+    while misses < 10_000:
+        template = random_template(spec, rng)
+        world_seed = rng.randrange(1_000_000)
+        c = None if template is None else instantiate(spec, template, world_seed, rng)
+        if c is None or c.shape in held:
+            misses += 1
+            continue
+        task = _task(spec, f"s{seed}-{made}", world_seed, c)
+        made += 1
+        if validate(spec, env, task).admitted:
+            misses = 0
+            yield Task(task.id, task.prompt, task.env, task.seed, None, {**task.params, "split": "train"})
+    raise SynthSpecError(f"{spec.source}: 10000 attempts in a row made no new train task")
 
 
 def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
@@ -188,6 +211,18 @@ def read_tasks(path: Path, spec: SynthSpec) -> list[Task]:
     return tasks
 
 
+def spec_from_yaml(path: str | Path, name: str | None = None) -> EnvSpec:
+    """The `EnvSpec` of a tool-doc YAML, synthesized in this process (the same tasks each time)."""
+    spec = load_spec(path)
+    tasks, _ = synthesize(spec)
+    return _env_spec(spec, tasks, name)
+
+
+def _env_spec(spec: SynthSpec, tasks: list[Task], name: str | None) -> EnvSpec:
+    held = frozenset(t.params["shape"] for t in tasks if t.params["split"] == "eval")
+    return env_spec(spec, tasks, name, fresh=lambda seed: fresh_tasks(spec, held, seed))
+
+
 def load_package(path: str | Path, name: str | None = None) -> EnvSpec:
     """The `EnvSpec` of a package directory (or of the `__init__.py` in it)."""
     d = Path(path)
@@ -197,4 +232,4 @@ def load_package(path: str | Path, name: str | None = None) -> EnvSpec:
             f"{d}: not an env package (no spec.yaml and tasks.jsonl); make one with steprl synth"
         )
     spec = parse_spec(yaml.safe_load((d / "spec.yaml").read_text()), str(d / "spec.yaml"))
-    return env_spec(spec, read_tasks(d / "tasks.jsonl", spec), name)
+    return _env_spec(spec, read_tasks(d / "tasks.jsonl", spec), name)

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from steprl.config import ConfigError
 from steprl.config_values import check_params
 from steprl.training.components import Stateful, load_attr
+from steprl.training.sources.admission import AdmissionSource
 from steprl.training.sources.difficulty import DifficultySource
 from steprl.training.sources.learning_progress import LearningProgressSource
 from steprl.training.sources.mixture import MixtureSource
@@ -65,6 +66,9 @@ TASK_SOURCES: dict[str, SourceFactory] = {
     # tasks re-served from easy / normal / hard pools by their last group-mean reward, and new
     # ones (unseen), each position's pool drawn by weight from the run seed
     "difficulty": DifficultySource,
+    # a live set admitted by the pass rate of each task's shape, mastered tasks retired and
+    # replaced from the stream (a synthesized env's train split never ends: `steprl synth`)
+    "admission": AdmissionSource,
 }
 
 

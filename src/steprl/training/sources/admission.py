@@ -1,0 +1,184 @@
+"""`admission`: a live set of tasks admitted by the learner's pass rate on their shape, retired
+when mastered, replaced from the env's stream without restarting the run (resume-exact).
+
+Built for synthesized envs (`steprl synth`), whose train split is a generator of new validated
+tasks that never ends, and whose tasks carry a DAG `shape` (`task.params["shape"]`); on any
+other env a task's shape is its env key.
+
+* **Active set**: up to `active` tasks, served round-robin (each serve a new stream position,
+  so new episode seeds).
+* **Retire**: a task whose last `window` trained groups all reached a mean success of
+  `retire_at` or more leaves the set (mastered) and is counted in `source/retired`.
+* **Admit**: the set is refilled from the stream; a candidate is admitted unless its shape's
+  pass rate (the mean of its tasks' last group means, over the last `window` x `active` groups
+  of that shape) is above `band[1]`: a shape the learner has mastered is not asked for again,
+  so the generator is asked for the shapes still being learned. After `max_skips` refusals in
+  a row the next candidate is admitted anyway (a stream of mastered shapes only must not stall
+  the run).
+* **Logged** every step (`metrics`): `source/active`, `source/admitted`, `source/retired`,
+  `source/skipped`, `source/pass_rate` (the active set's mean last group success: the admitted
+  pass rate, which the band is for), `source/in_band` (1 when it lies in `band`).
+
+Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
+skips them: the split is a pure function of the seed), the active tasks, each one's recent
+group means, each shape's recent means, the counters and the re-queued tasks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from steprl.training.sources.splits import TaskSplits
+from steprl.training.state import task_dict, task_from_dict
+from steprl.types import Group, Task
+
+
+def shape_of(task: Task) -> str:
+    return str(task.params.get("shape", task.env))
+
+
+class AdmissionSource:
+    def __init__(
+        self,
+        tasks: TaskSplits,
+        seed: int = 0,
+        active: int = 32,
+        band: list[float] | None = None,
+        retire_at: float = 0.9,
+        window: int = 2,
+        max_skips: int = 200,
+    ) -> None:
+        band = [0.2, 0.8] if band is None else list(band)
+        if len(band) != 2 or not 0.0 <= band[0] < band[1] <= 1.0:
+            raise ValueError(f"band: needs [low, high] with 0 <= low < high <= 1, got {band}")
+        low, high = float(band[0]), float(band[1])
+        if active < 1 or window < 1 or max_skips < 0 or not 0.0 < retire_at <= 1.0:
+            raise ValueError("active >= 1, window >= 1, max_skips >= 0 and retire_at in (0, 1]")
+        self._splits, self.seed = tasks, seed
+        self.size, self.band, self.retire_at, self.window, self.max_skips = (
+            active,
+            (low, high),
+            retire_at,
+            window,
+            max_skips,
+        )
+        self._stream: Iterator[Task] = tasks()
+        self.read = 0  # stream tasks read so far
+        self.cursor = 0  # the next position
+        self.active: list[Task] = []
+        self.history: dict[str, deque[float]] = {}  # task id -> its last `window` group means
+        self.shapes: dict[str, deque[float]] = {}  # shape -> its tasks' recent group means
+        self.admitted = self.retired = self.skipped = 0
+        self.exhausted = False
+        self._requeued: list[tuple[int, Task]] = []
+
+    # -- serving ---------------------------------------------------------------------------
+    def next(self) -> tuple[int, Task] | None:
+        if self._requeued:
+            return self._requeued.pop(0)
+        self._refill()
+        if not self.active:
+            return None
+        task = self.active[self.cursor % len(self.active)]
+        self.cursor += 1
+        return self.cursor - 1, task
+
+    def requeue(self, index: int, task: Task) -> None:
+        bisect.insort(self._requeued, (index, task), key=lambda p: p[0])
+
+    def _pull(self) -> Task | None:
+        task = next(self._stream, None)
+        if task is None:
+            self.exhausted = True
+            return None
+        self.read += 1
+        return task
+
+    def shape_rate(self, shape: str) -> float | None:
+        means = self.shapes.get(shape)
+        return sum(means) / len(means) if means else None
+
+    def _refill(self) -> None:
+        skips = 0
+        while len(self.active) < self.size and not self.exhausted:
+            task = self._pull()
+            if task is None:
+                return
+            rate = self.shape_rate(shape_of(task))
+            if rate is not None and rate > self.band[1] and skips < self.max_skips:
+                skips += 1
+                self.skipped += 1
+                continue
+            self.active.append(task)
+            self.admitted += 1
+            skips = 0
+
+    # -- learning from what was trained -----------------------------------------------------
+    def observe(self, group: Group) -> None:
+        rewards = [t.outcome_reward for t in group.trajectories if t.trainable]
+        if not rewards:
+            return  # infra failures only: nothing learned, the task stays
+        mean = sum(rewards) / len(rewards)
+        task = group.task
+        self.history.setdefault(task.id, deque(maxlen=self.window)).append(mean)
+        self.shapes.setdefault(shape_of(task), deque(maxlen=self.window * self.size)).append(mean)
+        recent = self.history[task.id]
+        if len(recent) == self.window and min(recent) >= self.retire_at:
+            ids = [t.id for t in self.active]
+            if task.id in ids:
+                del self.active[ids.index(task.id)]
+                self.retired += 1
+                del self.history[task.id]
+                self._refill()  # replaced at once: the logged set is the one served next
+
+    def pass_rate(self) -> float | None:
+        """The active set's mean last group success (tasks not yet trained left out)."""
+        last = [self.history[t.id][-1] for t in self.active if t.id in self.history]
+        return sum(last) / len(last) if last else None
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "source/active": float(len(self.active)),
+            "source/admitted": float(self.admitted),
+            "source/retired": float(self.retired),
+            "source/skipped": float(self.skipped),
+        }
+        rate = self.pass_rate()
+        if rate is not None:
+            out["source/pass_rate"] = rate
+            out["source/in_band"] = float(self.band[0] <= rate <= self.band[1])
+        return out
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "cursor": self.cursor,
+            "active": [task_dict(t) for t in self.active],
+            "history": {k: list(v) for k, v in self.history.items()},
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "counts": [self.admitted, self.retired, self.skipped],
+            "exhausted": self.exhausted,
+            "requeued": [(i, task_dict(t)) for i, t in self._requeued],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._stream = self._splits()
+        self.read = 0
+        for _ in range(int(state["read"])):  # the split is a pure function of the seed: skip
+            if self._pull() is None:
+                break
+        self.cursor, self.exhausted = int(state["cursor"]), bool(state["exhausted"])
+        self.active = [task_from_dict(t) for t in state["active"]]
+        self.history = {str(k): deque(map(float, v), maxlen=self.window) for k, v in state["history"].items()}
+        self.shapes = {
+            str(k): deque(map(float, v), maxlen=self.window * self.size) for k, v in state["shapes"].items()
+        }
+        self.admitted, self.retired, self.skipped = (int(x) for x in state["counts"])
+        self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
+
+
+__all__ = ["AdmissionSource", "shape_of"]
