@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from steprl.envs.check import check_spec
 from steprl.envs.registry import get_spec
 from steprl.envs.synth import SynthSpecError, load_spec, parse_spec, synthesize, write_package
 from steprl.envs.synth.check import check_tool
-from steprl.envs.synth.env import DONE, Episode, env_spec, make_env, render_call, score
+from steprl.envs.synth.env import DONE, Episode, SynthEnv, env_spec, make_env, render_call, score
 from steprl.envs.synth.templates import TEMPLATES
 from steprl.envs.synth.validate import PROBES, play_actions, validate
 from steprl.envs.synth.world import diff, encode_diff
@@ -81,7 +82,7 @@ def test_collateral_changes_cost_the_outcome(shipped: tuple) -> None:
     name, args = task.params["plan"][0]
     extra = next(t for t in spec.tools if TEMPLATES[t.template].writes and t.template != "delete")
     # one more write on another record: every asked change made, plus one nobody asked for
-    episode = Episode(spec, task)
+    episode = Episode(spec, task, 0)
     for n, a in task.params["plan"]:
         TEMPLATES[spec.tool(n).template].call(spec, spec.tool(n), episode.world, a)
     golden_world = copy.deepcopy(episode.world)
@@ -280,3 +281,127 @@ def test_admission_replaces_mastered_tasks_live_and_skips_mastered_shapes() -> N
     )
     assert last["source/skipped"] > 0  # shapes above the band were not asked for again
     assert all("source/pass_rate" in m for m in rates[8:])
+
+
+ASKING = {"spec": str(SHIPPED[0]), "ask_user": 1.0, "user_error_rate": 0.5}
+
+
+def test_an_ambiguous_request_needs_the_user_and_the_user_answers_as_the_user() -> None:
+    spec = get_spec("synth", ASKING)
+    task = next(spec.tasks("train", 0))
+    ((name, value),) = task.params["intent"].items()
+    assert "(ask me)" in task.prompt and task.params["plan"][0][0] == "ask_user"
+    made = spec.factory(**ASKING)
+    assert isinstance(made, SynthEnv)
+    env: SynthEnv = made
+    outcomes = {}
+    for seed in range(12):  # the user errs on about half of the episodes
+        env.reset(task, seed)
+        reply = env.step(render_call("ask_user", {"question": f"which {name}?"}))
+        assert reply.info["role"] == "user" and reply.observation.lower().startswith(f"the {name} is")
+        told = reply.observation.rstrip(".").rsplit(" ", 1)[1]
+        history = [("ask", reply.observation)]
+        for _ in task.params["plan"][1:]:
+            action = spec.strategies["expert"](task, history, random.Random(0))
+            history.append((action, env.step(action).observation))
+        outcome = env.step(DONE).reward
+        outcomes[seed] = (reply.info["user_error"], outcome, told == str(value))
+    assert {err for err, _, _ in outcomes.values()} == {True, False}
+    assert all(out == 1.0 and right for err, out, right in outcomes.values() if not err)
+    assert all(out == 0.0 and not right for err, out, right in outcomes.values() if err)
+
+
+def test_erpo_masks_the_users_errors() -> None:
+    """grpo_env_std leaves a user-caused failure out of the statistics and gives it 0."""
+    import torch
+
+    from steprl.algorithms import advantages as adv
+
+    r, g, e = (
+        torch.tensor([1.0, 0.0, 0.0, 1.0]),
+        torch.zeros(4, dtype=torch.long),
+        torch.zeros(4, dtype=torch.long),
+    )
+    masked = adv.grpo_env_std(r, g, e, user_error=torch.tensor([False, True, False, False]))
+    kept = adv.grpo_env_std(r[[0, 2, 3]], g[[0, 2, 3]], e[[0, 2, 3]])
+    assert masked[1] == 0.0 and torch.allclose(masked[[0, 2, 3]], kept)
+    assert torch.allclose(kept, torch.tensor([1 / 3, -2 / 3, 1 / 3]) / (1 / 3) ** 0.5)
+    assert torch.equal(
+        adv.grpo_env_std(r, g, e, user_error=torch.zeros(4, dtype=torch.bool)), adv.grpo_env_std(r, g, e)
+    )
+
+
+def test_user_errors_reach_erpo_from_the_agent_loop(tokenizer) -> None:
+    """Expert episodes through the agent loop: the steps the user got wrong are marked, the
+    trajectories they failed are flagged for ERPO, which gives them 0, and the reply is a user turn."""
+    import asyncio
+    from itertools import islice
+
+    import torch
+
+    from steprl.algorithms import advantages as adv
+    from steprl.rollout.chat import PlainFormat
+    from steprl.rollout.context import AppendOnly
+    from steprl.rollout.demos import play_demos
+    from steprl.rollout.loop import Budgets
+    from steprl.training.step_batch import user_errors
+
+    spec = get_spec("synth", ASKING)
+    tasks = list(islice(spec.tasks("train", 0), 16))
+    demos = asyncio.run(
+        play_demos(
+            tasks,
+            strategies=spec.strategies,
+            weights={"expert": 1.0},
+            make_env=lambda t: spec.factory(**ASKING),
+            fmt=PlainFormat(tokenizer),
+            seed=0,
+            rule=AppendOnly(),
+            budgets=Budgets(max_turns=12, max_tokens_per_turn=160, max_total_tokens=4000),
+        )
+    )
+    trajs = [d.trajectory for d in demos]
+    flags = user_errors(trajs)
+    assert flags is not None and 0 < int(flags.sum()) < len(trajs)
+    for t, flag in zip(trajs, flags.tolist(), strict=True):
+        assert t.steps[0].info["role"] == "user" and bool(t.steps[0].info["user_error"]) == flag
+        assert t.outcome_reward == (0.0 if flag else 1.0)  # every failure here is the user's
+    rewards = torch.tensor([t.outcome_reward for t in trajs])
+    groups = torch.arange(len(trajs)) // 4
+    a = adv.grpo_env_std(rewards, groups, torch.zeros(len(trajs), dtype=torch.long), user_error=flags)
+    keep = ~flags
+    assert torch.all(a[flags] == 0)
+    assert torch.equal(
+        a[keep], adv.grpo_env_std(rewards[keep], groups[keep], torch.zeros(int(keep.sum()), dtype=torch.long))
+    )
+    blamed = adv.grpo_env_std(rewards, groups, torch.zeros(len(trajs), dtype=torch.long))
+    assert torch.all(blamed[flags] <= 0) and bool((blamed[flags] < 0).any())  # without the mask: blamed
+
+
+def test_a_simulated_user_env_trains_from_yaml(tmp_path: Path) -> None:
+    from steprl.config import load_config
+    from steprl.training.trainer import train
+
+    cfg = load_config(
+        None,
+        [
+            "env.name=synth",
+            f"env.params={{spec: {SHIPPED[0]}, ask_user: 1.0, user_error_rate: 0.5}}",
+            "env.task_params={max_calls: 3}",
+            "model.init=scratch",
+            "algorithm.advantage=grpo_env_std",
+            "algorithm.advantage_params={}",
+            "rollout.tasks_per_step=4",
+            "rollout.group_size=2",
+            "rollout.max_turns=4",
+            "rollout.max_tokens_per_turn=24",
+            "rollout.max_total_tokens=400",
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "trainer.eval_tasks=2",
+            "logging.tensorboard=false",
+            f"run.output_dir={tmp_path}",
+        ],
+    )
+    result = train(cfg, log=lambda _: None)
+    assert len(result.history) == 2

@@ -65,7 +65,7 @@ def loop(
 
 
 def grpo_env_std(x: AdvantageInputs) -> AdvantageOutput:
-    return per_trajectory(x, adv.grpo_env_std(x.rewards, x.group_index, x.env_index))
+    return per_trajectory(x, adv.grpo_env_std(x.rewards, x.group_index, x.env_index, user_error=x.user_error))
 
 
 def reinforce_pp(x: AdvantageInputs, *, gamma: float = 1.0) -> AdvantageOutput:

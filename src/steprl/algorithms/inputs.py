@@ -32,6 +32,9 @@ class AdvantageInputs:
     token_rewards: Tensor  # (B, T) each step's reward on its last action token, 0 elsewhere
     values: Tensor | None = None  # (B, T) critic values V(prefix up to t), if a critic is trained
     entropy: Tensor | None = None  # (B, T) token entropy under the behaviour policy (EMPG)
+    #: (N,) bool: a step of the trajectory was the simulated user's error (`info["user_error"]`):
+    #: ERPO (`grpo_env_std`) masks these; None = no trajectory has one
+    user_error: Tensor | None = None
 
     @property
     def step_values(self) -> Tensor | None:

@@ -130,7 +130,8 @@ def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
     if "path" in params:  # a package `steprl synth` wrote
         return load_package(str(params["path"]), name="synth")
     if "spec" in params:  # a tool-doc YAML, synthesized as the run starts (deterministic)
-        return spec_from_yaml(str(params["spec"]), name="synth")
+        overrides = {k: v for k, v in params.items() if k != "spec"}  # its tasks: keys
+        return spec_from_yaml(str(params["spec"]), name="synth", **overrides)
     raise EnvParamsError(
         "env synth: env.params needs path (a directory steprl synth wrote) or spec (a tool-doc YAML)"
     )

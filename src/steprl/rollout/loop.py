@@ -89,8 +89,12 @@ async def run_episode(
             transition = await maybe_await(env.step(action_text))
             _check(transition_problem(transition))  # what check-env rejects never trains
             reason = _end_reason(transition)
-            # the env's reply to an answer is a user turn; to a call (or a malformed one), a tool result
-            tool_result = transition.info.get("action_kind") != "answer"
+            # the env's reply to an answer is a user turn; to a call (or a malformed one), a tool
+            # result; an env that answers as the (simulated) user says so: info["role"] == "user"
+            role = transition.info.get("role")
+            tool_result = (
+                role != "user" if role is not None else transition.info.get("action_kind") != "answer"
+            )
             # an empty tool result still closes the turn and opens the next one (chat formats);
             # only the observation that ends the episode may be empty and add nothing
             obs_ids = (

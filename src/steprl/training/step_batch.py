@@ -306,7 +306,14 @@ def advantage_inputs(
         token_rewards=token_rewards,
         values=collate_values(values, mask.shape) if values is not None else None,
         entropy=collate_values(entropy, mask.shape) if entropy is not None else None,
+        user_error=user_errors(trajectories),
     )
+
+
+def user_errors(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
+    """(N,) whether a step of each trajectory was the simulated user's error, or None if none was."""
+    flags = [any(s.info.get("user_error") for s in t.steps) for t in trajectories]
+    return torch.tensor(flags, dtype=torch.bool) if any(flags) else None
 
 
 def with_kl_in_reward(

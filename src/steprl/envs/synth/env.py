@@ -16,14 +16,19 @@ random calls over the world's own values; `do_nothing` answers at once. The hack
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from steprl.envs.base import Tool
+from steprl.envs.base import Tool, Transition
+from steprl.envs.parsing import ToolCall
 from steprl.envs.policy import Policy
+from steprl.envs.rewards import step_rewards
 from steprl.envs.spec import EnvSpec
+from steprl.envs.synth.plans import ASK
 from steprl.envs.synth.spec import SynthSpec, ToolDoc
 from steprl.envs.synth.templates import TEMPLATES
 from steprl.envs.synth.world import World, decode_diff, diff, diff_cells, make_world
@@ -39,11 +44,16 @@ def _named(t: Task, env: str) -> Task:
 
 
 class Episode:
-    """One episode's state: the world as it started and as the tools have changed it."""
+    """One episode's state: the world as it started and as the tools have changed it, and the
+    simulated user (who errs, if `tasks.user_error_rate`, from the episode's seed)."""
 
-    def __init__(self, spec: SynthSpec, task: Task) -> None:
+    def __init__(self, spec: SynthSpec, task: Task, seed: int, honest: bool = False) -> None:
         self.start = make_world(spec, int(task.params["world_seed"]))
         self.world: World = copy.deepcopy(self.start)
+        self.intent: dict[str, Any] = dict(task.params.get("intent") or {})
+        rng = random.Random(f"user:{task.id}:{seed}")
+        self.user_errs = not honest and rng.random() < spec.tasks.user_error_rate
+        self.user_rng = rng
 
 
 def score(spec: SynthSpec, episode: Episode, task: Task) -> float:
@@ -73,15 +83,60 @@ def instructions(spec: SynthSpec) -> str:
 _HINT = 'call <tool_call>{"name": ..., "arguments": {...}}</tool_call> or end: <answer>done</answer>'
 
 
-def make_env(spec: SynthSpec) -> ToolEnv:
+ASK_SCHEMA = {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]}
+
+
+class SynthEnv(ToolEnv):
+    """`ToolEnv` whose `ask_user` calls the simulated user answers, as the user (`info["role"]`),
+    from the task's hidden intent; a wrong answer is marked `info["user_error"]` (ERPO masks it)."""
+
+    spec: SynthSpec
+
+    def _call(self, call: ToolCall) -> Transition:
+        if call.name != ASK:
+            return super()._call(call)
+        episode: Episode = self._state
+        said = []
+        for name, value in episode.intent.items():
+            if episode.user_errs:  # the user misremembers: any other value of the same kind
+                doc = next(t for t in self.spec.tools for p in t.params if p.name == name)
+                semantic = doc.param(name).semantic
+                wrong = [v for v in _values(self.spec, semantic) if v != value]
+                value = episode.user_rng.choice(wrong) if wrong else value
+            said.append(f"the {name} is {value}")
+        reply = ("; ".join(said) or "nothing more: do what I asked") + "."
+        t = self._transition(
+            reply[0].upper() + reply[1:],
+            step_rewards("tool_call", self.rewards),
+            kind="tool_call",
+            tool=ASK,
+            valid=True,
+        )
+        return dataclasses.replace(
+            t, info={**t.info, "role": "user", "user_error": bool(episode.user_errs and episode.intent)}
+        )
+
+
+def _values(spec: SynthSpec, semantic: str) -> list[Any]:
+    pool = spec.pool(semantic)
+    return list(range(int(pool["min"]), int(pool["max"]) + 1)) if isinstance(pool, Mapping) else list(pool)
+
+
+def make_env(spec: SynthSpec, honest_user: bool = False) -> ToolEnv:
+    """The env; `honest_user`: the simulated user never errs (validation)."""
     tools = [_tool(spec, t) for t in spec.tools]
+    if spec.tasks.ask_user > 0:
+        tools.append(
+            FunctionTool(ASK, "Ask the user about what the request leaves open.", ASK_SCHEMA, lambda **_: "")
+        )
     syntax_tools = tools  # the prompt lists every tool with its argument schema
-    env = ToolEnv(
+    env = SynthEnv(
         tools,
         lambda answer, task, state: score(spec, state, task),
-        episode=lambda task, seed: Episode(spec, task),
+        episode=lambda task, seed: Episode(spec, task, seed, honest_user),
         format_hint=_HINT,
     )
+    env.spec = spec
     env.system_prompt = render_system_prompt(
         syntax_tools, env.syntax, instructions=instructions(spec), schemas=True
     )
@@ -95,9 +150,26 @@ def render_call(name: str, args: Mapping[str, Any]) -> str:
 DONE = "<answer>done</answer>"
 
 
+_SAID = re.compile(r"the (\w+) is ([^;]+?)(?=;|\.$)", re.IGNORECASE)
+
+
 def expert(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
+    """The reference plan, with what the user said in place of the intent it asked for (a user
+    who erred makes the expert fail too: the user's error, marked on that step)."""
     plan = task.params["plan"]
-    return render_call(*plan[len(history)]) if len(history) < len(plan) else DONE
+    if len(history) >= len(plan):
+        return DONE
+    name, args = plan[len(history)]
+    intent = task.params.get("intent") or {}
+    if intent and history and plan[0][0] == ASK:
+        told = {k.lower(): v.strip() for k, v in _SAID.findall(history[0][1])}
+        for k, v in args.items():
+            if k in intent and k in told and v == intent[k]:
+                args = {
+                    **args,
+                    k: int(told[k]) if isinstance(v, int) and told[k].lstrip("-").isdigit() else told[k],
+                }
+    return render_call(name, args)
 
 
 def do_nothing(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
@@ -170,8 +242,10 @@ def env_spec(
 
     synth = spec
 
-    def factory(path: str = "", spec: str = "") -> ToolEnv:  # the synth family's env.params
-        return make_env(synth)
+    def factory(
+        path: str = "", spec: str = "", ask_user: float = 0.0, user_error_rate: float = 0.0
+    ) -> ToolEnv:
+        return make_env(synth)  # (the synth family's env.params: the spec is built from them)
 
     return EnvSpec(
         name=named,
@@ -183,5 +257,9 @@ def env_spec(
         ),
         strategies={"expert": expert, "random": random_policy_for(spec), "do_nothing": do_nothing},
         max_turns=max(spec.max_turns, longest + 1),
+        # the simulated user's errors fail the expert too: check-env counts its share of wins
+        stochastic=spec.tasks.user_error_rate > 0,
+        min_expert_success=1.0 if spec.tasks.user_error_rate == 0 else 0.6 * (1 - spec.tasks.user_error_rate),
+        expert_seeds=1 if spec.tasks.user_error_rate == 0 else 4,
         description=spec.description or f"synthesized from {spec.source}",
     )

@@ -32,7 +32,7 @@ import yaml
 from steprl.envs.spec import EnvSpec
 from steprl.envs.synth.env import env_spec, make_env
 from steprl.envs.synth.plans import instantiate, random_template
-from steprl.envs.synth.spec import SynthSpec, SynthSpecError
+from steprl.envs.synth.spec import SynthSpec, SynthSpecError, read_yaml
 from steprl.envs.synth.templates import load_spec, parse_spec
 from steprl.envs.synth.validate import PROBES, baseline_rates, validate
 from steprl.envs.synth.world import decode_diff, encode_diff
@@ -70,6 +70,7 @@ def _task(spec: SynthSpec, i: int | str, world_seed: int, c: Any) -> Task:
             "plan": [[n, a] for n, a in c.plan],
             "golden": encode_diff(c.golden),
             "shape": c.shape,
+            "intent": dict(c.intent),
         },
     )
 
@@ -79,12 +80,13 @@ def fresh_tasks(spec: SynthSpec, held: frozenset[str], seed: int) -> Iterator[Ta
     spec and `seed`: what a synthesized env's train split serves after its fixed tasks, and
     what the `admission` task source draws from when it asks for more."""
     rng = random.Random(f"fresh:{spec.name}:{spec.tasks.seed}:{seed}")
-    env = make_env(spec)
+    env = make_env(spec, honest_user=True)
     made = misses = 0
     while misses < 10_000:
         template = random_template(spec, rng)
         world_seed = rng.randrange(1_000_000)
-        c = None if template is None else instantiate(spec, template, world_seed, rng)
+        ask = rng.random() < spec.tasks.ask_user
+        c = None if template is None else instantiate(spec, template, world_seed, rng, ask)
         if c is None or c.shape in held:
             misses += 1
             continue
@@ -100,7 +102,7 @@ def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
     """`tasks.count` admitted tasks (fewer if the spec cannot give that many distinct ones)."""
     started = time.perf_counter()
     rng = random.Random(f"synth:{spec.name}:{spec.tasks.seed}")
-    env = make_env(spec)
+    env = make_env(spec, honest_user=True)
     seen: set[str] = set()
     admitted: list[Task] = []
     generated = validated = 0
@@ -112,7 +114,7 @@ def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
         if template is None:
             continue
         world_seed = rng.randrange(1_000_000)
-        c = instantiate(spec, template, world_seed, rng)
+        c = instantiate(spec, template, world_seed, rng, rng.random() < spec.tasks.ask_user)
         if c is None or c.prompt in seen:
             continue
         seen.add(c.prompt)
@@ -203,6 +205,7 @@ def read_tasks(path: Path, spec: SynthSpec) -> list[Task]:
             row = json.loads(line)
             decode_diff(row["golden"])
             params = {k: row[k] for k in ("world_seed", "plan", "golden", "shape", "split")}
+            params["intent"] = dict(row.get("intent") or {})
             tasks.append(Task(str(row["id"]), str(row["prompt"]), spec.name, int(row["seed"]), None, params))
         except (ValueError, KeyError, TypeError) as exc:
             raise SynthSpecError(
@@ -211,9 +214,13 @@ def read_tasks(path: Path, spec: SynthSpec) -> list[Task]:
     return tasks
 
 
-def spec_from_yaml(path: str | Path, name: str | None = None) -> EnvSpec:
-    """The `EnvSpec` of a tool-doc YAML, synthesized in this process (the same tasks each time)."""
+def spec_from_yaml(path: str | Path, name: str | None = None, **overrides: Any) -> EnvSpec:
+    """The `EnvSpec` of a tool-doc YAML, synthesized in this process (the same tasks each time);
+    `overrides` replace keys of its `tasks:` section (e.g. ask_user, user_error_rate)."""
     spec = load_spec(path)
+    if overrides:
+        raw = read_yaml(path)
+        spec = parse_spec({**raw, "tasks": {**(raw.get("tasks") or {}), **overrides}}, str(path))
     tasks, _ = synthesize(spec)
     return _env_spec(spec, tasks, name)
 

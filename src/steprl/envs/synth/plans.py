@@ -200,16 +200,25 @@ class Concrete:
     plan: tuple[tuple[str, dict[str, Any]], ...]  # the reference calls, in order
     golden: Diff
     shape: str
+    intent: dict[str, Any]  # what the request leaves for the user to say: parameter -> value
 
 
-def instantiate(spec: SynthSpec, t: Template, world_seed: int, rng: random.Random) -> Concrete | None:
-    """The template on the world of `world_seed`: None if it cannot change the state as worded."""
+ASK = "ask_user"  # the tool a synthesized env adds when some requests leave a value open
+
+
+def instantiate(
+    spec: SynthSpec, t: Template, world_seed: int, rng: random.Random, ask: bool = False
+) -> Concrete | None:
+    """The template on the world of `world_seed`: None if it cannot change the state as worded.
+    `ask`: the first value a write states is left out of the request (the user's intent: the
+    reference plan asks for it first)."""
     world = make_world(spec, world_seed)
     state: World = copy.deepcopy(world)
     results: dict[int, Any] = {}
     words: dict[int, str] = {}  # node -> how the request refers to its result
     plan: list[tuple[str, dict[str, Any]]] = []
     phrases: list[str] = []
+    intent: dict[str, Any] = {}
 
     def bind(c: Call) -> tuple[dict[str, Any], dict[str, str]] | None:
         tool = spec.tool(c.tool)
@@ -227,6 +236,9 @@ def instantiate(spec: SynthSpec, t: Template, world_seed: int, rng: random.Rando
             else:
                 args[name] = _fresh(spec, tool, name, ref[1], rng, state)
                 said[name] = str(args[name])
+                if ask and not intent and TEMPLATES[tool.template].writes:
+                    intent[name] = args[name]
+                    said[name] = f"the {name} I have in mind (ask me)"
         return args, said
 
     def run(c: Call, i: int, speak: bool = True) -> bool:
@@ -283,10 +295,13 @@ def instantiate(spec: SynthSpec, t: Template, world_seed: int, rng: random.Rando
         then_text, else_text = (taken_text, other_text) if taken is node.then else (other_text, taken_text)
         phrases.append(f"if {subject} is below {threshold}, {then_text}; otherwise {else_text}")
     golden = diff(world, state)
-    if not golden or not phrases:
+    if not golden or not phrases or (ask and not intent):
         return None
     prompt = "; then ".join(phrases)
-    return Concrete(prompt[0].upper() + prompt[1:] + ".", tuple(plan), golden, t.shape)
+    if intent:
+        plan.insert(0, (ASK, {"question": f"What {' and '.join(intent)} do you want?"}))
+    shape = f"ask>{t.shape}" if intent else t.shape
+    return Concrete(prompt[0].upper() + prompt[1:] + ".", tuple(plan), golden, shape, intent)
 
 
 def _fresh(spec: SynthSpec, tool: ToolDoc, name: str, semantic: str, rng: random.Random, state: World) -> Any:

@@ -107,6 +107,8 @@ class TaskGen:
     holdout_shapes: float = 0.25  # the share of DAG shapes kept out of training (eval only)
     seed: int = 0
     partial_credit: bool = False
+    ask_user: float = 0.0  # the share of tasks whose request leaves one value to ask the user for
+    user_error_rate: float = 0.0  # how often the simulated user answers that value wrong
 
 
 @dataclass(frozen=True)
@@ -311,8 +313,18 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
             "tasks", f"unknown keys {sorted(unknown)}; allowed: {', '.join(TaskGen.__dataclass_fields__)}"
         )
     gen = TaskGen(**tg)
-    if not 1 <= gen.count <= 100_000 or not 1 <= gen.max_writes <= 4 or not 0 < gen.holdout_shapes < 1:
-        raise _fail("tasks", "count in [1, 100000], max_writes in [1, 4], holdout_shapes in (0, 1)")
+    if (
+        not 1 <= gen.count <= 100_000
+        or not 1 <= gen.max_writes <= 4
+        or not 0 < gen.holdout_shapes < 1
+        or not 0 <= gen.ask_user <= 1
+        or not 0 <= gen.user_error_rate < 1
+    ):
+        raise _fail(
+            "tasks",
+            "count in [1, 100000], max_writes in [1, 4], holdout_shapes in (0, 1), ask_user in [0, 1], "
+            "user_error_rate in [0, 1)",
+        )
     return SynthSpec(
         name,
         str(body.get("description", "")),

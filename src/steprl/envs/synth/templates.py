@@ -192,7 +192,7 @@ class Create:
     def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
         table = spec.tables[tool.table]
         _check_refs(spec, world, tool, args)
-        record = {f: args.get(f, _default(spec, typ)) for f, typ in table.fields.items()}
+        record = {f: args.get(f, default_value(spec, typ)) for f, typ in table.fields.items()}
         key = new_key(world, table)
         world[table.name][key] = record
         return key
@@ -203,7 +203,7 @@ class Create:
         return f"create a {table.singular} with " + " and ".join(parts)
 
 
-def _default(spec: SynthSpec, semantic: str) -> Any:
+def default_value(spec: SynthSpec, semantic: str) -> Any:
     """The value a create gives a field it does not take: the pool's first (or least) value."""
     pool = spec.pool(semantic)
     return pool["min"] if isinstance(pool, Mapping) else list(pool)[0]

@@ -8,6 +8,8 @@ Per task, each of `PROBES` must fail (outcome < 1):
 * `read_free`: the plan's writes with no read at all: every record it names is given as the
   request names it (a find's value in place of the id it finds), and a value the plan read is
   left out of a computed write;
+* `without_asking` (tasks whose request leaves a value to ask the user for): the whole plan
+  with that value guessed: a task the user's answer does not decide must fail;
 * `write_everything`: each of the plan's writes applied to every record its first record-typed
   parameter could name (an order placed for every customer): the collateral changes must cost
   the outcome.
@@ -23,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from steprl.envs.synth.env import DONE, do_nothing, make_env, random_policy_for, render_call
+from steprl.envs.synth.plans import ASK
 from steprl.envs.synth.spec import SynthSpec
-from steprl.envs.synth.templates import TEMPLATES
+from steprl.envs.synth.templates import TEMPLATES, default_value
 from steprl.envs.synth.world import make_world
 from steprl.envs.tool_env import ToolEnv
 from steprl.types import Task
@@ -60,7 +63,7 @@ def _plan(task: Task) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _is_write(spec: SynthSpec, name: str) -> bool:
-    return TEMPLATES[spec.tool(name).template].writes
+    return name != ASK and TEMPLATES[spec.tool(name).template].writes
 
 
 def probe_read_only(spec: SynthSpec, task: Task) -> list[str]:
@@ -68,7 +71,8 @@ def probe_read_only(spec: SynthSpec, task: Task) -> list[str]:
 
 
 def probe_read_free(spec: SynthSpec, task: Task) -> list[str]:
-    plan = _plan(task)
+    plan = [(n, a) for n, a in _plan(task) if n != ASK]  # nor asking: a value left open is guessed
+    intent = dict(task.params.get("intent") or {})
     stated: dict[str, Any] = {}  # a found id -> the value the request named it by
     world = make_world(spec, int(task.params["world_seed"]))
     for n, a in plan:  # replayed: a find may look up what an earlier call created
@@ -80,7 +84,28 @@ def probe_read_free(spec: SynthSpec, task: Task) -> list[str]:
     for n, a in plan:
         if not _is_write(spec, n):
             continue
-        out.append(render_call(n, {k: stated.get(v, v) if isinstance(v, str) else v for k, v in a.items()}))
+        args = {k: stated.get(v, v) if isinstance(v, str) else v for k, v in a.items()}
+        guessed = {  # the value the request left open, guessed (other calls' values stay)
+            k: default_value(spec, spec.tool(n).param(k).semantic) for k in intent if args.get(k) == intent[k]
+        }
+        out.append(render_call(n, args | guessed))
+    return out
+
+
+def probe_without_asking(spec: SynthSpec, task: Task) -> list[str]:
+    """The whole plan, reads included, but the value the request left open guessed (the type's
+    first value) instead of asked: a task the user's answer does not decide is refused."""
+    intent = dict(task.params.get("intent") or {})
+    if not intent:
+        return []  # nothing to ask: the probe is do-nothing
+    out = []
+    for n, a in _plan(task):
+        if n == ASK:
+            continue
+        guess = {
+            k: default_value(spec, spec.tool(n).param(k).semantic) for k in intent if a.get(k) == intent[k]
+        }
+        out.append(render_call(n, a | guess))
     return out
 
 
@@ -88,9 +113,9 @@ def probe_write_everything(spec: SynthSpec, task: Task) -> list[str]:
     world = make_world(spec, int(task.params["world_seed"]))
     out = []
     for n, a in _plan(task):
-        doc = spec.tool(n)
         if not _is_write(spec, n):
             continue
+        doc = spec.tool(n)
         owner = spec.key_types()  # vary the first parameter that names a record (its own or another's)
         keyed = [p for p in doc.params if p.semantic in owner]
         if not keyed:
@@ -106,6 +131,7 @@ PROBES: dict[str, Probe] = {
     "read_only": probe_read_only,
     "read_free": probe_read_free,
     "write_everything": probe_write_everything,
+    "without_asking": probe_without_asking,
 }
 
 
@@ -130,7 +156,7 @@ def validate(spec: SynthSpec, env: ToolEnv, task: Task) -> Verdict:
 
 def baseline_rates(spec: SynthSpec, tasks: Sequence[Task], seeds: int = 4) -> dict[str, float]:
     """The share of episodes the random and do-nothing strategies solve (each task x `seeds`)."""
-    env = make_env(spec)
+    env = make_env(spec, honest_user=True)
     policies = {"random": random_policy_for(spec), "do_nothing": do_nothing}
     out = {}
     for name, policy in policies.items():
