@@ -45,3 +45,17 @@ def test_the_env_weight_section_gives_each_env_its_weights_and_gradient_share():
     rows = {r[0]: r[1:] for r in SECTIONS["env_weights"].build(_run())["rows"]}
     assert rows["a"] == [0.75, 0.7, 0.5, 0.6, 0.9, 0.9, 0.9]
     assert rows["b"] == [0.25, 0.5, 0.5, 0.5, 0.4, 0.4, 0.4]  # no weight in its entry: the default 1
+
+
+def test_the_admission_section_shows_the_pass_rate_against_the_band():
+    metrics = tuple(
+        {"step": i, "source/active": 8, "source/admitted": 8 + i, "source/retired": i, "source/skipped": 0}
+        | ({"source/pass_rate": rate} if rate is not None else {})
+        for i, rate in enumerate([None, 0.5, 0.9, 0.3], 1)
+    )
+    run = replace(empty_run("admit", {"env": {"source_params": {"band": [0.2, 0.8]}}}), metrics=metrics)
+    check_section("admission", SECTIONS["admission"], run)
+    data = SECTIONS["admission"].build(run)
+    assert data["rows"][1] == [2, 8, 10, 2, 0, 0.5, "yes"] and data["rows"][2][-1] == "no"
+    assert data["rows"][-1][-1] == "2 of 3 steps"
+    assert SECTIONS["admission"].build(empty_run("none", {}))["rows"] == []

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from steprl.report import config_section, curves, episodes, health, learning_diff, steering
+from steprl.report import admission, config_section, curves, episodes, health, learning_diff, steering
 from steprl.report.run_data import RunData, empty_run
 
 #: the renderers the page's own script defines (report/script.py)
@@ -35,6 +35,7 @@ SECTIONS: dict[str, SectionSpec] = {
     "alarms": SectionSpec("Alarms and interventions", health.build, health.RENDERER, health.SCRIPT),
     "curriculum": SectionSpec("Curriculum stages", steering.curriculum, "table"),
     "env_weights": SectionSpec("Per-env weights", steering.env_weights, "table"),
+    "admission": SectionSpec("Task admission", admission.build, "table"),
 }
 
 

@@ -1,0 +1,51 @@
+"""The task-admission section: what the `admission` task source (docs/synthesis.md) logged each
+step: the live set's size, tasks admitted, retired (mastered) and skipped (their shape mastered),
+and the admitted pass rate against the configured band, with the share of steps inside it.
+
+At most `MAX_ROWS` steps are listed (evenly spaced, the last always); the summary counts all.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from steprl.report.run_data import RunData
+
+NONE_RECORDED = "none recorded (env.source is not admission)"
+MAX_ROWS = 30
+KEYS = ("source/active", "source/admitted", "source/retired", "source/skipped", "source/pass_rate")
+
+
+def _num(row: Any, key: str) -> float | None:
+    v = row.get(key)
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def _band(run: RunData) -> list[float]:
+    env = run.config.get("env") if isinstance(run.config, dict) else None
+    params = env.get("source_params") if isinstance(env, dict) else None
+    band = params.get("band") if isinstance(params, dict) else None
+    return [float(b) for b in band] if isinstance(band, list) and len(band) == 2 else [0.2, 0.8]
+
+
+def build(run: RunData) -> dict[str, Any]:
+    steps = [row for row in run.metrics if _num(row, "source/active") is not None]
+    if not steps:
+        return {"columns": [], "rows": [], "empty": NONE_RECORDED}
+    low, high = _band(run)
+    stride = max(1, math.ceil(len(steps) / MAX_ROWS))
+    shown = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
+    rows = []
+    for row in shown:
+        values = [_num(row, k) for k in KEYS]
+        rate = values[-1]
+        rows.append(
+            [int(row.get("step", 0)), *(int(v) if v is not None else "" for v in values[:-1])]
+            + (["", ""] if rate is None else [round(rate, 3), "yes" if low <= rate <= high else "no"])
+        )
+    rated = [r for r in (_num(row, "source/pass_rate") for row in steps) if r is not None]
+    inside = sum(low <= r <= high for r in rated)
+    summary = ["all", "", "", "", "", f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
+    columns = ["step", "active", "admitted", "retired", "skipped", "admitted pass rate", "in band"]
+    return {"columns": columns, "rows": [*rows, summary], "empty": ""}
