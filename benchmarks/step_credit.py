@@ -228,7 +228,7 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=8)
     p.add_argument("--eval-tasks", type=int, default=64)
     p.add_argument("--flip-at", type=int, default=12)
-    p.add_argument("--drift-steps", type=int, default=40, help="the drift runs: the guard needs time")
+    p.add_argument("--drift-steps", type=int, default=56, help="the drift runs: the guard needs time")
     p.add_argument("--fits", type=int, default=10, help="the AUROC column 'after N fits'")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default="", help="comma-separated envs or condition names")
