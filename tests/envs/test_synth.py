@@ -63,7 +63,7 @@ def test_each_probe_is_caught_when_it_would_win(shipped: tuple, probe: str) -> N
     spec, tasks, _ = shipped
     env = make_env(spec)
     task = next(t for t in tasks if len(t.params["plan"]) >= 3)
-    play_actions(env, task, PROBES[probe](spec, task), 10_000)
+    play_actions(env, task, PROBES[probe](spec, task)[0], 10_000)
     episode: Episode = env._state
     reached = diff(episode.start, episode.world)
     rigged = Task(

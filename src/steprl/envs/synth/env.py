@@ -150,7 +150,16 @@ def render_call(name: str, args: Mapping[str, Any]) -> str:
 DONE = "<answer>done</answer>"
 
 
-_SAID = re.compile(r"the (\w+) is ([^;]+?)(?=;|\.$)", re.IGNORECASE)
+_SAID = re.compile(r"[Tt]he (\w+) is (.+?)(?=; the \w+ is |\.$)")
+
+
+def _as_type(text: str, like: Any) -> Any:
+    """The user's words as a value of the type the plan's value has (bool, int or str)."""
+    if isinstance(like, bool):
+        return text == "True"
+    if isinstance(like, int):
+        return int(text) if text.lstrip("-").isdigit() else text
+    return text
 
 
 def expert(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -> str:
@@ -162,13 +171,10 @@ def expert(task: Task, history: Sequence[tuple[str, str]], rng: random.Random) -
     name, args = plan[len(history)]
     intent = task.params.get("intent") or {}
     if intent and history and plan[0][0] == ASK:
-        told = {k.lower(): v.strip() for k, v in _SAID.findall(history[0][1])}
+        told = {k: v.strip() for k, v in _SAID.findall(history[0][1])}
         for k, v in args.items():
             if k in intent and k in told and v == intent[k]:
-                args = {
-                    **args,
-                    k: int(told[k]) if isinstance(v, int) and told[k].lstrip("-").isdigit() else told[k],
-                }
+                args = {**args, k: _as_type(told[k], v)}
     return render_call(name, args)
 
 

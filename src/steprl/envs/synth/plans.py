@@ -220,7 +220,7 @@ def instantiate(
     phrases: list[str] = []
     intent: dict[str, Any] = {}
 
-    def bind(c: Call) -> tuple[dict[str, Any], dict[str, str]] | None:
+    def bind(c: Call, may_ask: bool = True) -> tuple[dict[str, Any], dict[str, str]] | None:
         tool = spec.tool(c.tool)
         args, said = {}, {}
         for name, ref in c.args:
@@ -236,14 +236,14 @@ def instantiate(
             else:
                 args[name] = _fresh(spec, tool, name, ref[1], rng, state)
                 said[name] = str(args[name])
-                if ask and not intent and TEMPLATES[tool.template].writes:
+                if ask and may_ask and not intent and TEMPLATES[tool.template].writes:
                     intent[name] = args[name]
                     said[name] = f"the {name} I have in mind (ask me)"
         return args, said
 
-    def run(c: Call, i: int, speak: bool = True) -> bool:
+    def run(c: Call, i: int, speak: bool = True, may_ask: bool = True) -> bool:
         tool = spec.tool(c.tool)
-        bound = bind(c)
+        bound = bind(c, may_ask)
         if bound is None:
             return False
         args, said = bound
@@ -274,18 +274,27 @@ def instantiate(
                 return None
             continue
         value = int(results[node.read])
-        threshold = value + rng.choice([-3, -2, -1, 1, 2, 3])  # either side: reading decides
         read = spec.tool(
             next(n.tool for j, n in enumerate(t.nodes) if j == node.read and isinstance(n, Call))
         )
         read_args = dict(
             next(n.args for j, n in enumerate(t.nodes) if j == node.read and isinstance(n, Call))
         )
+        key_node = t.nodes[read_args[read.params[0].name][1]]
+        if isinstance(key_node, Call) and spec.tool(key_node.tool).template == "create":
+            return None  # a record the task made holds known defaults: the read would be skippable
+        # either side of the value, and inside the field's range: only reading tells which side
+        pool = spec.pool(spec.tables[read.table].type_of(read.reads[0].split(".")[1]) or "int")
+        low, high = (pool["min"], pool["max"]) if isinstance(pool, Mapping) else (-(10**9), 10**9)
+        sides = [d for d in (-3, -2, -1, 1, 2, 3) if low < value + d <= high]
+        if not sides:
+            return None
+        threshold = value + rng.choice(sides)
         subject = phrase(spec, read, {read.params[0].name: words[read_args[read.params[0].name][1]]})
         mark = len(phrases)
         taken = node.then if value < threshold else node.orelse
         other = node.orelse if taken is node.then else node.then
-        if not run(taken, i):
+        if not run(taken, i, may_ask=False):  # an asked value in one side would show which runs
             return None
         taken_text = phrases.pop(mark)
         probe = copy.deepcopy(state)  # the other branch must also be a real change (on a copy)

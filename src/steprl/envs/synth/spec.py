@@ -245,6 +245,13 @@ def _tool(raw: Any, i: int, tables: Mapping[str, Table], pools: Mapping[str, Any
     for pname, prop in _as_map(schema.get("properties", {}), f"{where}.parameters.properties").items():
         prop = _as_map(prop, f"{where}.parameters.properties.{pname}")
         semantic = prop.get("x-type") or table.type_of(str(pname))
+        known = set(BUILTIN_TYPES) | set(pools) | {t.key_type for t in tables.values()}
+        if semantic is not None and semantic not in known:
+            raise _fail(
+                f"{where}.parameters.properties.{pname}.x-type",
+                f"{semantic!r} is not a builtin ({', '.join(BUILTIN_TYPES)}), a pool under `types` or a "
+                "table's key type",
+            )
         if semantic is None:
             raise _fail(
                 f"{where}.parameters.properties.{pname}",
@@ -252,7 +259,12 @@ def _tool(raw: Any, i: int, tables: Mapping[str, Table], pools: Mapping[str, Any
             )
         json_type = str(prop.get("type", "string"))
         params.append(Param(str(pname), json_type, str(semantic)))
-    required = set(schema.get("required", [p.name for p in params]))
+    raw_required = schema.get("required", [p.name for p in params])
+    if not isinstance(raw_required, list) or not all(isinstance(r, str) for r in raw_required):
+        raise _fail(
+            f"{where}.parameters.required", f"must be a list of parameter names, got {raw_required!r}"
+        )
+    required = set(raw_required)
     if required != {p.name for p in params}:
         raise _fail(
             f"{where}.parameters.required",
@@ -312,6 +324,12 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
         raise _fail(
             "tasks", f"unknown keys {sorted(unknown)}; allowed: {', '.join(TaskGen.__dataclass_fields__)}"
         )
+    for key, default in ((f.name, f.default) for f in TaskGen.__dataclass_fields__.values()):
+        value = tg.get(key, default)
+        kind = type(default)
+        ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
+        if not ok or (kind is not bool and isinstance(value, bool)):
+            raise _fail(f"tasks.{key}", f"must be {kind.__name__}, got {value!r}")
     gen = TaskGen(**tg)
     if (
         not 1 <= gen.count <= 100_000
@@ -325,6 +343,9 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
             "count in [1, 100000], max_writes in [1, 4], holdout_shapes in (0, 1), ask_user in [0, 1], "
             "user_error_rate in [0, 1)",
         )
+    max_turns = body.get("max_turns", 10)
+    if not isinstance(max_turns, int) or isinstance(max_turns, bool) or not 1 <= max_turns <= 100:
+        raise _fail("max_turns", f"must be an integer in [1, 100], got {max_turns!r}")
     return SynthSpec(
         name,
         str(body.get("description", "")),
@@ -332,7 +353,7 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
         pools,
         tuple(tools),
         gen,
-        int(body.get("max_turns", 10)),
+        max_turns,
         source,
     )
 

@@ -252,6 +252,8 @@ def infer_template(spec: SynthSpec, tool: ToolDoc, where: str) -> ToolDoc:
                 f"{where}.parameters.properties.{p.name}: type {p.json_type!r} does not hold values of "
                 f"type {p.semantic!r}; use {spec.json_type(p.semantic)!r}"
             )
+    if tool.phrase:  # a phrase that does not format is one line now, not mid-synthesis
+        phrase(spec, tool, {p.name: "x" for p in tool.params})
     if tool.template:
         template = TEMPLATES.get(tool.template)
         if template is None:
@@ -274,8 +276,11 @@ def phrase(spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
     if tool.phrase:
         try:
             return tool.phrase.format(**words)
-        except (KeyError, IndexError) as exc:
-            raise SynthSpecError(f"tool {tool.name}: phrase names {exc}, not one of its parameters") from None
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise SynthSpecError(
+                f"tool {tool.name}: phrase {tool.phrase!r} is not a template of its parameters "
+                f"({', '.join('{' + p.name + '}' for p in tool.params)}): {exc}"
+            ) from None
     return TEMPLATES[tool.template].phrase(spec, tool, words)
 
 

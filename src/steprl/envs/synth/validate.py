@@ -6,13 +6,14 @@ Per task, each of `PROBES` must fail (outcome < 1):
 * `do_nothing`: answers at once (also: a policy that answers without acting);
 * `read_only`: calls every reading tool the plan calls, then answers: reading alone changes nothing;
 * `read_free`: the plan's writes with no read at all: every record it names is given as the
-  request names it (a find's value in place of the id it finds), and a value the plan read is
-  left out of a computed write;
+  request names it (a find's value in place of the id it finds);
 * `without_asking` (tasks whose request leaves a value to ask the user for): the whole plan
   with that value guessed: a task the user's answer does not decide must fail;
 * `write_everything`: each of the plan's writes applied to every record its first record-typed
   parameter could name (an order placed for every customer): the collateral changes must cost
-  the outcome.
+  the outcome;
+* `drop_a_write`: the plan without one of its writes, each in turn: a write a later one undoes
+  (overwritten, deleted) was not needed.
 
 Over all tasks, the `random` and `do_nothing` strategies must succeed on under 1% (`report`).
 """
@@ -34,6 +35,8 @@ from steprl.types import Task
 
 #: a probe: (spec, task) -> the actions it sends, in order (then it answers)
 Probe = Callable[[SynthSpec, Task], list[str]]
+#: a probe with several tries: (spec, task) -> each try's actions (it wins if one reaches the golden state)
+Probes = Callable[[SynthSpec, Task], list[list[str]]]
 
 
 def play_actions(env: ToolEnv, task: Task, actions: Sequence[str], max_turns: int) -> float:
@@ -126,12 +129,25 @@ def probe_write_everything(spec: SynthSpec, task: Task) -> list[str]:
     return out
 
 
-PROBES: dict[str, Probe] = {
-    "do_nothing": lambda spec, task: [],
-    "read_only": probe_read_only,
-    "read_free": probe_read_free,
-    "write_everything": probe_write_everything,
-    "without_asking": probe_without_asking,
+def probe_drop_a_write(spec: SynthSpec, task: Task) -> list[list[str]]:
+    """The plan without one of its writes, each in turn: a write a later one undoes (overwritten,
+    deleted) is one the request did not need, and the task is refused."""
+    plan = _plan(task)
+    writes = [i for i, (n, _) in enumerate(plan) if _is_write(spec, n)]
+    return [[render_call(n, a) for j, (n, a) in enumerate(plan) if j != i] for i in writes]
+
+
+def _one(probe: Probe) -> Probes:
+    return lambda spec, task: [probe(spec, task)]
+
+
+PROBES: dict[str, Probes] = {
+    "do_nothing": _one(lambda spec, task: []),
+    "read_only": _one(probe_read_only),
+    "read_free": _one(probe_read_free),
+    "write_everything": _one(probe_write_everything),
+    "without_asking": _one(probe_without_asking),
+    "drop_a_write": probe_drop_a_write,
 }
 
 
@@ -149,7 +165,9 @@ def validate(spec: SynthSpec, env: ToolEnv, task: Task) -> Verdict:
     turns = 10_000  # probes are not policies under a turn cap: every action they send is played
     reference = play_actions(env, task, [render_call(n, a) for n, a in _plan(task)], turns)
     won = tuple(
-        name for name, probe in PROBES.items() if play_actions(env, task, probe(spec, task), turns) >= 1.0
+        name
+        for name, probe in PROBES.items()
+        if any(play_actions(env, task, tries, turns) >= 1.0 for tries in probe(spec, task))
     )
     return Verdict(reference, won)
 

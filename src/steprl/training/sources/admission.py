@@ -123,8 +123,10 @@ class AdmissionSource:
             return  # infra failures only: nothing learned, the task stays
         mean = sum(rewards) / len(rewards)
         task = group.task
-        self.history.setdefault(task.id, deque(maxlen=self.window)).append(mean)
         self.shapes.setdefault(shape_of(task), deque(maxlen=self.window * self.size)).append(mean)
+        if all(t.id != task.id for t in self.active):
+            return  # retired while this group was in flight: its history went with it
+        self.history.setdefault(task.id, deque(maxlen=self.window)).append(mean)
         recent = self.history[task.id]
         if len(recent) == self.window and min(recent) >= self.retire_at:
             ids = [t.id for t in self.active]
