@@ -458,13 +458,9 @@ def normalize_by_task(
 
 
 def grpo_env_std(
-    rewards: torch.Tensor,
-    group_index: torch.Tensor,
-    env_index: torch.Tensor,
-    *,
-    eps: float = 1e-6,
+    rewards: torch.Tensor, group_index: torch.Tensor, env_index: torch.Tensor, *, eps: float = 1e-6,
     user_error: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """ERPO environment-level relative advantages (AutoForge, Cai, Fang et al., arXiv 2512.22857;
     no public code: algorithms.md §6).
 
@@ -481,14 +477,12 @@ def grpo_env_std(
     * an environment with one rollout or all-equal rewards uses F = 1 (no spread to divide by;
       std + eps would turn a singleton's raw reward into R / 1e-6).
     * all-equal task group: exactly 0 even if its environment has spread. Empty -> empty.
-    * `user_error` (N,) bool: ERPO's mask of errors the simulated user caused: those rollouts get
-      advantage 0 and are left out of every mean and std (the policy is neither blamed nor
-      credited for the user's mistake).
+    * `user_error` (N,) bool, ERPO's mask of errors the simulated user caused: those get 0 and are
+      left out of every mean and std (neither blamed nor credited for the user's mistake).
     """
     rewards = as_float(rewards)
     if user_error is not None and bool(user_error.any()):
-        keep = ~user_error.bool()
-        out = torch.zeros_like(rewards)
+        out, keep = torch.zeros_like(rewards), ~user_error.bool()
         out[keep] = grpo_env_std(rewards[keep], group_index[keep], env_index[keep], eps=eps)
         return out
     if rewards.numel() == 0:
