@@ -129,7 +129,6 @@ def make_env(spec: SynthSpec, honest_user: bool = False) -> ToolEnv:
         tools.append(
             FunctionTool(ASK, "Ask the user about what the request leaves open.", ASK_SCHEMA, lambda **_: "")
         )
-    syntax_tools = tools  # the prompt lists every tool with its argument schema
     env = SynthEnv(
         tools,
         lambda answer, task, state: score(spec, state, task),
@@ -138,7 +137,10 @@ def make_env(spec: SynthSpec, honest_user: bool = False) -> ToolEnv:
     )
     env.spec = spec
     env.system_prompt = render_system_prompt(
-        syntax_tools, env.syntax, instructions=instructions(spec), schemas=True
+        tools,
+        env.syntax,
+        instructions=instructions(spec),
+        schemas=True,  # every tool, with its schema
     )
     return env
 

@@ -274,12 +274,9 @@ def instantiate(
                 return None
             continue
         value = int(results[node.read])
-        read = spec.tool(
-            next(n.tool for j, n in enumerate(t.nodes) if j == node.read and isinstance(n, Call))
-        )
-        read_args = dict(
-            next(n.args for j, n in enumerate(t.nodes) if j == node.read and isinstance(n, Call))
-        )
+        read_node = t.nodes[node.read]
+        assert isinstance(read_node, Call)  # a branch reads the result of a call before it
+        read, read_args = spec.tool(read_node.tool), dict(read_node.args)
         key_node = t.nodes[read_args[read.params[0].name][1]]
         if isinstance(key_node, Call) and spec.tool(key_node.tool).template == "create":
             return None  # a record the task made holds known defaults: the read would be skippable
