@@ -237,14 +237,26 @@ def synth_cmd(
     spec: Path = typer.Argument(..., help="A tool-documentation YAML (see configs/synth/)."),
     out: Path = typer.Option(..., "-o", "--out", help="The env package directory to write (new or empty)."),
     check: bool = typer.Option(True, help="Run check-env on the package once written."),
+    writer_url: str | None = typer.Option(
+        None, help="An OpenAI-compatible endpoint (…/v1) whose model writes `template: written` tools' code."
+    ),
+    writer_model: str | None = typer.Option(None, help="The writer's model name at --writer-url."),
+    writer_key_env: str = typer.Option("", help="The environment variable holding the writer's API key."),
 ) -> None:
     """Synthesize an env package from tool documentation: a typed state, tools over it, tasks
     from walks over the tools' dependency graph with a golden final state, each validated (its
     reference plan reaches the golden state; do-nothing, read-only, read-free and write-everything
     probes do not) before admission. Train on it with env.name: synth, env.params: {path: OUT}."""
     from steprl.envs.synth.package import load_package, write_package
+    from steprl.envs.synth.writer import ToolWriter
+    from steprl.errors import UserError
 
-    report = write_package(spec, out)
+    if (writer_url is None) != (writer_model is None):
+        raise UserError(
+            "--writer-url and --writer-model go together: the endpoint and the model that writes code"
+        )
+    writer = ToolWriter(writer_url, writer_model, writer_key_env) if writer_url and writer_model else None
+    report = write_package(spec, out, writer)
     console.print(
         f"{out}: {report.admitted} tasks admitted of {report.generated} generated "
         f"({report.validated_share:.0%} validated; probe wins {report.probe_wins}); "

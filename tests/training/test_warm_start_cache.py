@@ -40,9 +40,9 @@ SPEC = replace(CALC, name="mycalc", tasks=tasks)
 FAST = ["model.sft.skill_steps=2", "model.sft.steps=0", "model.sft.num_episodes=8", "model.sft.batch_size=4"]
 
 
-def _sft(work: Path, cache: Path) -> subprocess.Popen[str]:
+def _sft(work: Path, cache: Path, *extra: str) -> subprocess.Popen[str]:
     """`steprl sft` on the plugin env in `work` (its module), the warm start cached in `cache`."""
-    overrides = [*SMALL, *FAST, "env.name=mycalc:SPEC"]
+    overrides = [*SMALL, *FAST, "env.name=mycalc:SPEC", *extra]
     return subprocess.Popen(
         [
             STEPRL,
@@ -76,9 +76,10 @@ def test_an_edited_task_generator_gets_a_new_warm_start(tmp_path: Path) -> None:
     first, first_dir = _done(_sft(work, cache))
     assert "SFT warm start: none cached for key" in first and "fresh SFT" in first, first
 
-    # then, at once: the module edited, and the same module (as it was) in another directory
+    # then, at once: the module edited, and the same module (as it was) in another directory,
+    # its RL task source named (it orders RL's tasks, not the demonstrations': the same key)
     (work / "mycalc.py").write_text(PLUGIN.replace("OFFSET = 0", "OFFSET = 1000"))
-    edited, unchanged = _sft(work, cache), _sft(same, cache)
+    edited, unchanged = _sft(work, cache), _sft(same, cache, "env.source=stream")
     (edited_log, edited_dir), (again, again_dir) = _done(edited), _done(unchanged)
     assert edited_dir != first_dir and "fresh SFT" in edited_log and "reusing" not in edited_log, edited_log
     assert again_dir == first_dir and f"SFT warm start: reusing {first_dir} (key " in again, again

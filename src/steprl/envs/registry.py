@@ -126,11 +126,13 @@ def _gym_family(params: Mapping[str, Any]) -> EnvSpec:
 
 def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
     from steprl.envs.synth.package import load_package, spec_from_yaml
+    from steprl.envs.synth.users import user_from_params
 
+    user_from_params(params.get("user"))  # a bad `user:` is one line at start-up, not per episode
     if "path" in params:  # a package `steprl synth` wrote
         return load_package(str(params["path"]), name="synth")
     if "spec" in params:  # a tool-doc YAML, synthesized as the run starts (deterministic)
-        overrides = {k: v for k, v in params.items() if k != "spec"}  # its tasks: keys
+        overrides = {k: v for k, v in params.items() if k not in ("spec", "user")}  # its tasks: keys
         return spec_from_yaml(str(params["spec"]), name="synth", **overrides)
     raise EnvParamsError(
         "env synth: env.params needs path (a directory steprl synth wrote) or spec (a tool-doc YAML)"

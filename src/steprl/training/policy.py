@@ -95,9 +95,13 @@ def _env_key(cfg: Config, run: setup.RunEnvs) -> dict[str, Any]:
     register an env changes no demonstration) and with one env named by its spec's name when
     that name resolves to this very spec (an entry point, an import path to the object it loads
     and a plugin's registration of it are one warm start). A spec whose name means another
-    object (an import path to a variant with other bound params) keeps the config's name."""
+    object (an import path to a variant with other bound params) keeps the config's name. The
+    task source is left out: it orders RL's tasks, not the demonstrations'."""
     env = cfg.env.model_dump()
     env.pop("plugins", None)
+    # the order RL draws train tasks in changes no demonstration (they are the train split's
+    # first tasks, `_demo_tasks`): every task source shares one warm start (as the defaults key it)
+    env["source"], env["source_params"] = "auto", {}
     if not run.several and _names_itself(run.envs[0].spec):
         env["name"] = run.envs[0].spec.name
     return env

@@ -31,6 +31,7 @@ from steprl.envs.spec import EnvSpec
 from steprl.envs.synth.plans import ASK
 from steprl.envs.synth.spec import SynthSpec, ToolDoc
 from steprl.envs.synth.templates import TEMPLATES
+from steprl.envs.synth.users import SimUser, scripted_reply, states_intent, user_from_params
 from steprl.envs.synth.world import World, decode_diff, diff, diff_cells, make_world
 from steprl.envs.tool_env import FunctionTool, ToolEnv, render_system_prompt
 from steprl.types import Task
@@ -92,29 +93,33 @@ class SynthEnv(ToolEnv):
 
     spec: SynthSpec
 
+    user: SimUser | None = None  # None: the scripted user
+
     def _call(self, call: ToolCall) -> Transition:
         if call.name != ASK:
             return super()._call(call)
         episode: Episode = self._state
-        said = []
-        for name, value in episode.intent.items():
-            if episode.user_errs:  # the user misremembers: any other value of the same kind
+        intent = dict(episode.intent)
+        if episode.user_errs:  # the user misremembers: any other value of the same kind
+            for name, value in intent.items():
                 doc = next(t for t in self.spec.tools for p in t.params if p.name == name)
-                semantic = doc.param(name).semantic
-                wrong = [v for v in _values(self.spec, semantic) if v != value]
-                value = episode.user_rng.choice(wrong) if wrong else value
-            said.append(f"the {name} is {value}")
-        reply = ("; ".join(said) or "nothing more: do what I asked") + "."
+                wrong = [v for v in _values(self.spec, doc.param(name).semantic) if v != value]
+                intent[name] = episode.user_rng.choice(wrong) if wrong else value
+        if self.user is None:
+            reply = scripted_reply(intent)
+        else:
+            task = self._task
+            reply = self.user.reply(
+                task.prompt if task else "", str(call.arguments.get("question", "")), intent
+            )
+        # a user error: told a wrong value on purpose, or a reply that does not state the intent
+        erred = bool(episode.intent) and (
+            intent != episode.intent or not states_intent(reply, episode.intent)
+        )
         t = self._transition(
-            reply[0].upper() + reply[1:],
-            step_rewards("tool_call", self.rewards),
-            kind="tool_call",
-            tool=ASK,
-            valid=True,
+            reply, step_rewards("tool_call", self.rewards), kind="tool_call", tool=ASK, valid=True
         )
-        return dataclasses.replace(
-            t, info={**t.info, "role": "user", "user_error": bool(episode.user_errs and episode.intent)}
-        )
+        return dataclasses.replace(t, info={**t.info, "role": "user", "user_error": erred})
 
 
 def _values(spec: SynthSpec, semantic: str) -> list[Any]:
@@ -122,8 +127,9 @@ def _values(spec: SynthSpec, semantic: str) -> list[Any]:
     return list(range(int(pool["min"]), int(pool["max"]) + 1)) if isinstance(pool, Mapping) else list(pool)
 
 
-def make_env(spec: SynthSpec, honest_user: bool = False) -> ToolEnv:
-    """The env; `honest_user`: the simulated user never errs (validation)."""
+def make_env(spec: SynthSpec, honest_user: bool = False, user: SimUser | None = None) -> ToolEnv:
+    """The env; `honest_user`: the simulated user never errs (validation); `user`: who answers
+    `ask_user` (None: the scripted user)."""
     tools = [_tool(spec, t) for t in spec.tools]
     if spec.tasks.ask_user > 0:
         tools.append(
@@ -135,7 +141,7 @@ def make_env(spec: SynthSpec, honest_user: bool = False) -> ToolEnv:
         episode=lambda task, seed: Episode(spec, task, seed, honest_user),
         format_hint=_HINT,
     )
-    env.spec = spec
+    env.spec, env.user = spec, user
     env.system_prompt = render_system_prompt(
         tools,
         env.syntax,
@@ -250,10 +256,10 @@ def env_spec(
 
     synth = spec
 
-    def factory(
-        path: str = "", spec: str = "", ask_user: float = 0.0, user_error_rate: float = 0.0
-    ) -> ToolEnv:
-        return make_env(synth)  # (the synth family's env.params: the spec is built from them)
+    def factory(path: str = "", spec: str = "", user: Any = None, **tasks_keys: Any) -> ToolEnv:
+        # the synth family's env.params (path or spec, and `tasks:` keys) built the spec; `user`
+        # picks who answers ask_user
+        return make_env(synth, user=user_from_params(user))
 
     return EnvSpec(
         name=named,

@@ -33,9 +33,10 @@ from steprl.envs.spec import EnvSpec
 from steprl.envs.synth.env import env_spec, make_env
 from steprl.envs.synth.plans import instantiate, random_template
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, read_yaml
-from steprl.envs.synth.templates import load_spec, parse_spec
+from steprl.envs.synth.templates import load_raw, parse_spec
 from steprl.envs.synth.validate import PROBES, baseline_rates, validate
 from steprl.envs.synth.world import decode_diff, encode_diff
+from steprl.envs.synth.writer import ToolWriter, check_written, write_tools
 from steprl.types import Task
 
 
@@ -176,18 +177,24 @@ SPEC = load_package(__file__)
 '''
 
 
-def write_package(source: str | Path, out: str | Path) -> SynthReport:
+def write_package(source: str | Path, out: str | Path, writer: ToolWriter | None = None) -> SynthReport:
     """Synthesize from the YAML at `source` into the directory `out` (made; refused if it holds
-    anything but a previous package)."""
+    anything but a previous package); `writer` writes the code of `written` tools that have none."""
     source, out = Path(source), Path(out)
-    spec = load_spec(source)
+    given = read_yaml(source)
+    raw = write_tools(load_raw(source), writer, str(source))
+    spec = parse_spec(raw, str(source))
+    check_written(spec)
     if out.exists() and any(out.iterdir()) and not (out / "synth_report.json").exists():
         raise SynthSpecError(
             f"{out}: exists and is not a package steprl synth wrote; pick an empty or new directory"
         )
     tasks, report = synthesize(spec)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.yaml").write_text(source.read_text())
+    # as given, unless the MCP server's tool docs or the writer's code were merged in: the package
+    # never needs either again
+    merged = raw != given
+    (out / "spec.yaml").write_text(yaml.safe_dump(raw, sort_keys=False) if merged else source.read_text())
     with (out / "tasks.jsonl").open("w") as f:
         for t in tasks:
             f.write(json.dumps({"id": t.id, "prompt": t.prompt, "seed": t.seed, **t.params}) + "\n")
@@ -217,9 +224,10 @@ def read_tasks(path: Path, spec: SynthSpec) -> list[Task]:
 def spec_from_yaml(path: str | Path, name: str | None = None, **overrides: Any) -> EnvSpec:
     """The `EnvSpec` of a tool-doc YAML, synthesized in this process (the same tasks each time);
     `overrides` replace keys of its `tasks:` section (e.g. ask_user, user_error_rate)."""
-    spec = load_spec(path)
+    raw = load_raw(path)
+    spec = parse_spec(raw, str(path))
+    check_written(spec)
     if overrides:
-        raw = read_yaml(path)
         spec = parse_spec({**raw, "tasks": {**(raw.get("tasks") or {}), **overrides}}, str(path))
     tasks, _ = synthesize(spec)
     return _env_spec(spec, tasks, name)

@@ -91,6 +91,7 @@ class ToolDoc:
     effect: str  # "set" | "add": how a written field takes its value
     template: str  # filled in by `templates.infer_template` when not given
     phrase: str  # "" = the template's default wording
+    code: str = ""  # a `written` tool's Python: `def call(world, args) -> str` (writer.py)
 
     @property
     def table(self) -> str:
@@ -109,6 +110,9 @@ class TaskGen:
     partial_credit: bool = False
     ask_user: float = 0.0  # the share of tasks whose request leaves one value to ask the user for
     user_error_rate: float = 0.0  # how often the simulated user answers that value wrong
+    # digits of generated record ids (3: P482); fewer are easier for a small model to copy from
+    # a result into its next call, more are harder to guess
+    key_digits: int = 3
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,7 @@ def _tool(raw: Any, i: int, tables: Mapping[str, Table], pools: Mapping[str, Any
         "effect",
         "template",
         "phrase",
+        "code",
     }
     unknown = set(body) - allowed
     if unknown:
@@ -286,6 +291,7 @@ def _tool(raw: Any, i: int, tables: Mapping[str, Table], pools: Mapping[str, Any
         effect,
         str(body.get("template", "")),
         str(body.get("phrase", "")),
+        str(body.get("code", "")),
     )
 
 
@@ -337,11 +343,12 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
         or not 0 < gen.holdout_shapes < 1
         or not 0 <= gen.ask_user <= 1
         or not 0 <= gen.user_error_rate < 1
+        or not 1 <= gen.key_digits <= 6
     ):
         raise _fail(
             "tasks",
             "count in [1, 100000], max_writes in [1, 4], holdout_shapes in (0, 1), ask_user in [0, 1], "
-            "user_error_rate in [0, 1)",
+            "user_error_rate in [0, 1), key_digits in [1, 6]",
         )
     max_turns = body.get("max_turns", 10)
     if not isinstance(max_turns, int) or isinstance(max_turns, bool) or not 1 <= max_turns <= 100:

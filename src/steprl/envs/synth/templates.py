@@ -11,10 +11,12 @@ entry here whose `problem` is None (`infer_template`).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from steprl.envs.base import ToolError
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, Table, ToolDoc, read_spec, read_yaml
@@ -233,6 +235,71 @@ class Delete:
         return f"delete {words[tool.params[0].name]}"
 
 
+_BUILTINS = {
+    name: getattr(builtins, name)
+    for name in (
+        "abs", "all", "any", "bool", "dict", "enumerate", "int", "isinstance", "len", "list", "max",
+        "min", "range", "round", "set", "sorted", "str", "sum", "tuple", "zip", "KeyError",
+        "TypeError", "ValueError",
+    )
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def compile_written(code: str) -> Callable[[World, dict[str, Any]], Any]:
+    """`code`'s `call(world, args)`, run with a few builtins and `ToolError` in scope (no imports).
+    Not a sandbox: the code is in the package's spec.yaml, for review like any env code."""
+    namespace: dict[str, Any] = {"__builtins__": _BUILTINS, "ToolError": ToolError}
+    try:
+        exec(compile(code, "<written tool>", "exec"), namespace)
+    except Exception as exc:  # what an LLM may write: a syntax error, a name at module level
+        raise SynthSpecError(f"its code does not run: {type(exc).__name__}: {exc}") from None
+    fn = namespace.get("call")
+    if not callable(fn):
+        raise SynthSpecError("its code defines no function call(world, args)")
+    return cast(Callable[[World, dict[str, Any]], Any], fn)
+
+
+class Written:
+    """A tool no template expresses, implemented by code in the spec (`code:`, by hand or by the
+    LLM writer, `writer.py`): `call(world, args)` changes `world[table][key]` records and returns
+    a short text (the new key, when the tool `returns` a key type). `check_tool` holds it to the
+    contract every template keeps (it changes only its table, is deterministic, a missing id is a
+    `ToolError`) before any task is made."""
+
+    writes = True
+    needs = (
+        "written: writes [T] or [T.f], code: with call(world, args) (or steprl synth --writer-url), a phrase"
+    )
+
+    def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        if not tool.writes:
+            return "writes something (reading tools are find and get)"
+        if not tool.code:
+            return "has no code: give code: (def call(world, args): ...) or run steprl synth --writer-url"
+        if not tool.phrase:
+            return "needs a phrase: (how a request words a call, e.g. 'move {qty} from {a} to {b}')"
+        try:
+            compile_written(tool.code)
+        except SynthSpecError as exc:
+            return str(exc)
+        return None
+
+    def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
+        return tool.returns
+
+    def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
+        _check_refs(spec, world, tool, args)
+        try:
+            out = compile_written(tool.code)(world, dict(args))
+        except (KeyError, ValueError, TypeError) as exc:  # the model's arguments, as the code saw them
+            raise ToolError(f"{tool.name}: {type(exc).__name__}: {exc}") from None
+        return "ok" if out is None else str(out)
+
+    def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
+        return tool.phrase.format(**words)
+
+
 #: name -> template; inference tries them in this order.
 TEMPLATES: dict[str, Template] = {
     "find": Find(),
@@ -241,6 +308,7 @@ TEMPLATES: dict[str, Template] = {
     "add": Add(),
     "create": Create(),
     "delete": Delete(),
+    "written": Written(),
 }
 
 
@@ -291,5 +359,16 @@ def parse_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
     return dataclasses.replace(spec, tools=tools)
 
 
+def load_raw(path: str | Path) -> Any:
+    """The spec file's data; a spec with `mcp:` gets its tools from the server (`mcp_tools.py`)."""
+    raw = read_yaml(path)
+    if isinstance(raw, Mapping) and "mcp" in raw:
+        from steprl.envs.synth.mcp_tools import merge_mcp_tools, server_tools
+
+        mcp = raw["mcp"] if isinstance(raw["mcp"], Mapping) else {}
+        return merge_mcp_tools(raw, server_tools(mcp))
+    return raw
+
+
 def load_spec(path: str | Path) -> SynthSpec:
-    return parse_spec(read_yaml(path), str(path))
+    return parse_spec(load_raw(path), str(path))

@@ -67,7 +67,13 @@ def make_world(spec: SynthSpec, seed: int) -> World:
     unique = lookup_fields(spec)
     world: World = {}
     for t in table_order(spec):
-        numbers = rng.sample(range(100, 1000), t.rows)
+        digits = spec.tasks.key_digits
+        low = 10 ** (digits - 1) if digits > 1 else 0
+        if t.rows > 10**digits - low:
+            raise SynthSpecError(
+                f"tables.{t.name}.rows: {t.rows} records need ids of more than tasks.key_digits {digits} digits"
+            )
+        numbers = rng.sample(range(low, 10**digits), t.rows)
         keys = [f"{t.prefix}{n}" for n in numbers]
         columns: dict[str, list[Any]] = {}
         for f, typ in t.fields.items():

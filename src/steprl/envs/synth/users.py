@@ -1,0 +1,129 @@
+"""The simulated user who answers `ask_user`: scripted from the task's hidden intent, or an LLM
+behind any OpenAI-compatible endpoint (vLLM, SGLang, a hosted API, a steprl gateway).
+
+Either way the reply is **checked against the intent**: a reply that does not state every value
+the user has in mind (as a whole word) is a user error, marked on its step
+(`info["user_error"]`) so ERPO masks the trajectory instead of blaming the policy. User
+simulators are a known noise source (tau2-bench PR #392: up to 30% of failed retail
+trajectories came from simulator mistakes); here each mistake is caught where it is made.
+
+`tasks.user_error_rate` still injects errors on purpose: the user is given a wrong value to
+have in mind (the scripted user says it; an LLM user is told it), and the step is marked.
+
+In `env.params` of the synth family::
+
+    user: {base_url: http://127.0.0.1:8000/v1, model: my-user-model, api_key_env: USER_API_KEY,
+           temperature: 0.0, max_tokens: 64, timeout_s: 30}
+
+A call that fails (endpoint down, timeout) raises: the episode ends `infra_failed`, counted and
+never trained on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from steprl.envs.synth.spec import SynthSpecError
+from steprl.extras import require
+
+
+class SimUser(Protocol):
+    """Answers the agent's question as the user who asked for `request` and has `intent` in mind."""
+
+    def reply(self, request: str, question: str, intent: Mapping[str, Any]) -> str: ...
+
+
+def scripted_reply(intent: Mapping[str, Any]) -> str:
+    said = [f"the {name} is {value}" for name, value in intent.items()]
+    reply = ("; ".join(said) or "nothing more: do what I asked") + "."
+    return reply[0].upper() + reply[1:]
+
+
+class ScriptedUser:
+    """States each value it has in mind, in one fixed sentence (what the expert strategy reads)."""
+
+    def reply(self, request: str, question: str, intent: Mapping[str, Any]) -> str:
+        return scripted_reply(intent)
+
+
+def states_intent(reply: str, intent: Mapping[str, Any]) -> bool:
+    """Whether `reply` states every value of `intent` as a whole word (case-insensitive)."""
+    return all(
+        re.search(rf"(?<![\w-]){re.escape(str(v))}(?![\w-])", reply, flags=re.IGNORECASE)
+        for v in intent.values()
+    )
+
+
+_SYSTEM = (
+    "You are a customer who sent this request to an assistant: {request!r}. The assistant asks "
+    "you about what the request left open. What you have in mind: {intent}. Answer in one short "
+    "sentence that states exactly these values; say nothing else."
+)
+
+
+@dataclass(frozen=True)
+class ChatUser:
+    """An LLM user through an OpenAI-compatible `/v1/chat/completions` (the `openai` SDK)."""
+
+    base_url: str
+    model: str
+    api_key_env: str = ""  # the environment variable holding the key ("" = no key)
+    temperature: float = 0.0
+    max_tokens: int = 64
+    timeout_s: float = 30.0
+
+    def reply(self, request: str, question: str, intent: Mapping[str, Any]) -> str:
+        openai = require("openai", extra="llm", feature="an LLM-backed simulated user")
+        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        client = openai.OpenAI(
+            base_url=self.base_url, api_key=key or "none", timeout=self.timeout_s, max_retries=1
+        )
+        wants = "; ".join(f"the {k} is {v}" for k, v in intent.items()) or "nothing more"
+        out = client.chat.completions.create(
+            model=self.model,
+            messages=[
+                {"role": "system", "content": _SYSTEM.format(request=request, intent=wants)},
+                {"role": "user", "content": question or "What do you have in mind?"},
+            ],
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+        )
+        return (out.choices[0].message.content or "").strip()
+
+
+_USER_KEYS = {
+    "base_url": str,
+    "model": str,
+    "api_key_env": str,
+    "temperature": float,
+    "max_tokens": int,
+    "timeout_s": float,
+}
+
+
+def user_from_params(raw: Any) -> SimUser | None:
+    """`env.params.user` checked: None (the scripted user) or a `ChatUser`; one line per problem."""
+    if raw is None or raw == "scripted":
+        return None
+    if not isinstance(raw, Mapping):
+        raise SynthSpecError(f"env.params.user: 'scripted' or a mapping with base_url and model, got {raw!r}")
+    unknown = sorted(set(raw) - set(_USER_KEYS))
+    if unknown:
+        raise SynthSpecError(f"env.params.user.{unknown[0]}: unknown; allowed: {', '.join(_USER_KEYS)}")
+    for key in ("base_url", "model"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise SynthSpecError(f"env.params.user.{key}: required (e.g. base_url: http://127.0.0.1:8000/v1)")
+    args: dict[str, Any] = {}
+    for key, kind in _USER_KEYS.items():
+        if key in raw:
+            value = raw[key]
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise SynthSpecError(f"env.params.user.{key}: must be {kind.__name__}, got {value!r}")
+            args[key] = value
+    return ChatUser(**args)
