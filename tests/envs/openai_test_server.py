@@ -35,7 +35,7 @@ def call(world, args):
     products[args["to_sku"]]["stock"] += int(args["qty"])
     return str(products[args["to_sku"]]["stock"])
 ```"""
-CODE_WRONG_TABLE = CODE_FIXED.replace('return str(', 'world["customers"].clear()\n    return str(')
+CODE_WRONG_TABLE = CODE_FIXED.replace("return str(", 'world["customers"].clear()\n    return str(')
 
 
 def _app() -> FastAPI:

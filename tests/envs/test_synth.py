@@ -565,7 +565,10 @@ def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp
         write_package(tmp_path / "shop2.yaml", tmp_path / "none")
     with chat_server() as (url, app):
         report = write_package(tmp_path / "shop2.yaml", tmp_path / "pkg", ToolWriter(url, "coder"))
-        assert len(app.state.requests) == 2 and "wrote another table" in app.state.requests[1]["messages"][2]["content"]
+        assert (
+            len(app.state.requests) == 2
+            and "wrote another table" in app.state.requests[1]["messages"][2]["content"]
+        )
         with pytest.raises(SynthSpecError, match=r"transfer_stock.*failed its checks 2 times"):
             write_package(tmp_path / "shop2.yaml", tmp_path / "bad", ToolWriter(url, "tiny", attempts=2))
     written = yaml.safe_load((tmp_path / "pkg" / "spec.yaml").read_text())
@@ -585,3 +588,38 @@ def islice_tasks(spec, n: int) -> list[Task]:
     from itertools import islice
 
     return list(islice(spec.tasks("train", 0), n))
+
+
+def test_admission_parks_what_the_learner_cannot_do_and_skips_shapes_below_the_band() -> None:
+    """A task whose last groups all failed leaves the set (parked) and its shape is not asked
+    for again while below the band (resume-exactness: `check_task_source`, over every source)."""
+    from steprl.training.sources import TaskSplits, make_source
+    from steprl.training.sources.admission import AdmissionSource, shape_of
+    from steprl.types import EndReason, Group, Trajectory
+
+    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
+    splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
+    source = make_source("admission", splits, 0, {"active": 4, "band": [0.2, 0.8], "window": 2})
+    assert isinstance(source, AdmissionSource)
+    hard = None
+    for _ in range(60):
+        item = source.next()
+        assert item is not None
+        task = item[1]
+        hard = hard or shape_of(task)  # the first shape served: the learner never solves it
+        trajs = tuple(  # every other episode solved, on every other shape
+            Trajectory(
+                task.id,
+                f"{task.id}-{k}",
+                task.env,
+                (),
+                float(shape_of(task) != hard and k % 2 == 0),
+                EndReason.ANSWERED,
+            )
+            for k in range(4)
+        )
+        source.observe(Group(task, trajs))
+    m = source.metrics()
+    assert m["source/parked"] >= 1 and m["source/skipped_hard"] >= 1 and m["source/retired"] == 0
+    assert all(shape_of(t) != hard for t in source.active)
+    assert m["source/pass_rate"] == 0.5 and m["source/in_band"] == 1.0

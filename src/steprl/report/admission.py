@@ -1,5 +1,6 @@
 """The task-admission section: what the `admission` task source (docs/synthesis.md) logged each
-step: the live set's size, tasks admitted, retired (mastered) and skipped (their shape mastered),
+step: the live set's size, tasks admitted, retired (mastered), parked (failed every episode of
+their last groups) and skipped (their shape's pass rate outside the band),
 and the admitted pass rate against the configured band, with the share of steps inside it.
 
 At most `MAX_ROWS` steps are listed (evenly spaced, the last always); the summary counts all.
@@ -14,7 +15,14 @@ from steprl.report.run_data import RunData
 
 NONE_RECORDED = "none recorded (env.source is not admission)"
 MAX_ROWS = 30
-KEYS = ("source/active", "source/admitted", "source/retired", "source/skipped", "source/pass_rate")
+KEYS = (
+    "source/active",
+    "source/admitted",
+    "source/retired",
+    "source/parked",
+    "source/skipped",
+    "source/pass_rate",
+)
 
 
 def _num(row: Any, key: str) -> float | None:
@@ -46,6 +54,6 @@ def build(run: RunData) -> dict[str, Any]:
         )
     rated = [r for r in (_num(row, "source/pass_rate") for row in steps) if r is not None]
     inside = sum(low <= r <= high for r in rated)
-    summary = ["all", "", "", "", "", f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
-    columns = ["step", "active", "admitted", "retired", "skipped", "admitted pass rate", "in band"]
+    summary = ["all", "", "", "", "", "", f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
+    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "admitted pass rate", "in band"]
     return {"columns": columns, "rows": [*rows, summary], "empty": ""}

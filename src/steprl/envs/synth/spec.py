@@ -27,8 +27,12 @@ tools:                       # name, description, typed parameters, what each re
       properties: {sku: {type: string}, price: {type: integer}}
       required: [sku, price]
     writes: [products.price]
-tasks: {count: 150, max_writes: 2, holdout_shapes: 0.25, seed: 0}
+tasks: {count: 150, max_writes: 2, holdout_shapes: 0.25, seed: 0}   # see `TaskGen`
 ```
+
+Instead of each tool's schema, ``mcp: {command, args, ignore}`` takes the tools' names,
+descriptions and schemas from an MCP server's `tools/list` (`mcp_tools.py`); a tool no template
+expresses is ``template: written`` with ``code:`` (or the LLM writer writes it: `writer.py`).
 
 A parameter's semantic type is its ``x-type`` if given, else the type of the field of the same
 name in the table the tool reads or writes (the key field included): that is what links one

@@ -8,15 +8,18 @@ other env a task's shape is its env key.
 * **Active set**: up to `active` tasks, served round-robin (each serve a new stream position,
   so new episode seeds).
 * **Retire**: a task whose last `window` trained groups all reached a mean success of
-  `retire_at` or more leaves the set (mastered) and is counted in `source/retired`.
+  `retire_at` or more leaves the set (mastered) and is counted in `source/retired`; one whose
+  last `window` groups all failed every episode leaves it too (`source/parked`: beyond the
+  learner for now, and a group of equal rewards teaches GRPO nothing).
 * **Admit**: the set is refilled from the stream; a candidate is admitted unless its shape's
   pass rate (the mean of its tasks' last group means, over the last `window` x `active` groups
-  of that shape) is above `band[1]`: a shape the learner has mastered is not asked for again,
-  so the generator is asked for the shapes still being learned. After `max_skips` refusals in
-  a row the next candidate is admitted anyway (a stream of mastered shapes only must not stall
-  the run).
+  of that shape) is above `band[1]` (a shape the learner has mastered) or below `band[0]` (one
+  it cannot do yet): the generator is asked for the shapes still being learned, which keeps
+  the admitted pass rate inside the band from both sides. After `max_skips` refusals in a row
+  the next candidate is admitted anyway (a stream of such shapes only must not stall the run).
 * **Logged** every step (`metrics`): `source/active`, `source/admitted`, `source/retired`,
-  `source/skipped`, `source/pass_rate` (the active set's mean last group success: the admitted
+  `source/parked`, `source/skipped` (of which `source/skipped_hard` below the band),
+  `source/pass_rate` (the active set's mean last group success: the admitted
   pass rate, which the band is for), `source/in_band` (1 when it lies in `band`).
 
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
@@ -71,7 +74,7 @@ class AdmissionSource:
         self.active: list[Task] = []
         self.history: dict[str, deque[float]] = {}  # task id -> its last `window` group means
         self.shapes: dict[str, deque[float]] = {}  # shape -> its tasks' recent group means
-        self.admitted = self.retired = self.skipped = 0
+        self.admitted = self.retired = self.skipped = self.parked = self.skipped_hard = 0
         self.exhausted = False
         self._requeued: list[tuple[int, Task]] = []
 
@@ -108,9 +111,11 @@ class AdmissionSource:
             if task is None:
                 return
             rate = self.shape_rate(shape_of(task))
-            if rate is not None and rate > self.band[1] and skips < self.max_skips:
+            outside = rate is not None and not self.band[0] <= rate <= self.band[1]
+            if outside and skips < self.max_skips:
                 skips += 1
                 self.skipped += 1
+                self.skipped_hard += rate is not None and rate < self.band[0]
                 continue
             self.active.append(task)
             self.admitted += 1
@@ -128,13 +133,15 @@ class AdmissionSource:
             return  # retired while this group was in flight: its history went with it
         self.history.setdefault(task.id, deque(maxlen=self.window)).append(mean)
         recent = self.history[task.id]
-        if len(recent) == self.window and min(recent) >= self.retire_at:
+        mastered = len(recent) == self.window and min(recent) >= self.retire_at
+        hopeless = len(recent) == self.window and max(recent) == 0.0
+        if mastered or hopeless:
             ids = [t.id for t in self.active]
-            if task.id in ids:
-                del self.active[ids.index(task.id)]
-                self.retired += 1
-                del self.history[task.id]
-                self._refill()  # replaced at once: the logged set is the one served next
+            del self.active[ids.index(task.id)]
+            self.retired += mastered
+            self.parked += hopeless
+            del self.history[task.id]
+            self._refill()  # replaced at once: the logged set is the one served next
 
     def pass_rate(self) -> float | None:
         """The active set's mean last group success (tasks not yet trained left out)."""
@@ -146,7 +153,9 @@ class AdmissionSource:
             "source/active": float(len(self.active)),
             "source/admitted": float(self.admitted),
             "source/retired": float(self.retired),
+            "source/parked": float(self.parked),
             "source/skipped": float(self.skipped),
+            "source/skipped_hard": float(self.skipped_hard),
         }
         rate = self.pass_rate()
         if rate is not None:
@@ -162,7 +171,7 @@ class AdmissionSource:
             "active": [task_dict(t) for t in self.active],
             "history": {k: list(v) for k, v in self.history.items()},
             "shapes": {k: list(v) for k, v in self.shapes.items()},
-            "counts": [self.admitted, self.retired, self.skipped],
+            "counts": [self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard],
             "exhausted": self.exhausted,
             "requeued": [(i, task_dict(t)) for i, t in self._requeued],
         }
@@ -179,7 +188,9 @@ class AdmissionSource:
         self.shapes = {
             str(k): deque(map(float, v), maxlen=self.window * self.size) for k, v in state["shapes"].items()
         }
-        self.admitted, self.retired, self.skipped = (int(x) for x in state["counts"])
+        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard = (
+            int(x) for x in state["counts"]
+        )
         self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
 
 
