@@ -23,7 +23,6 @@ from fastapi import FastAPI, Request
 
 from steprl.hosting.local_server import free_port
 
-
 CODE_FIXED = """Here it is:
 ```python
 def call(world, args):

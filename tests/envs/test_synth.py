@@ -110,6 +110,13 @@ def test_reward_needs_the_state_not_the_answer(shipped: tuple) -> None:
     assert play_actions(env, task, ["<tool_call>{broken", "<tool_call>{}</tool_call>"], 100) == 0.0
 
 
+WRITTEN = {
+    "name": "t",
+    "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+    "writes": ["a.v"],
+    "template": "written",
+    "phrase": "touch {id}",
+}
 BAD = [
     ({"name": "x", "tables": {}, "tools": []}, "tables: needs at least one table"),
     (
@@ -163,6 +170,18 @@ BAD = [
         "rows: must be",
     ),
     ({"name": "x", "tabels": {}}, "unknown keys ['tabels']"),
+    (
+        {"name": "x", "tables": {"a": {"key": "id", "fields": {"v": "int"}}}, "tools": [WRITTEN]},
+        "has no code: give code:",
+    ),
+    (
+        {
+            "name": "x",
+            "tables": {"a": {"key": "id", "fields": {"v": "int"}}},
+            "tools": [{**WRITTEN, "code": "def call(world, args:\n"}],
+        },
+        "its code does not run: SyntaxError",
+    ),
 ]
 
 
@@ -559,14 +578,17 @@ def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp
             "phrase": "move {qty} units of stock from {from_sku} to {to_sku}",
         }
     )
+    raw["tools"].append({**raw["tools"][-1], "name": "transfer_back", "description": "The same, other way."})
     raw["tasks"]["count"] = 60
     (tmp_path / "shop2.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(SynthSpecError, match=r"tools \['transfer_stock'\]: template written with no code"):
+    with pytest.raises(
+        SynthSpecError, match=r"tools \['transfer_stock', 'transfer_back'\]: template written with no code"
+    ):
         write_package(tmp_path / "shop2.yaml", tmp_path / "none")
     with chat_server() as (url, app):
         report = write_package(tmp_path / "shop2.yaml", tmp_path / "pkg", ToolWriter(url, "coder"))
         assert (
-            len(app.state.requests) == 2
+            len(app.state.requests) == 4  # each tool: the wrong table, then the fix
             and "wrote another table" in app.state.requests[1]["messages"][2]["content"]
         )
         with pytest.raises(SynthSpecError, match=r"transfer_stock.*failed its checks 2 times"):

@@ -126,8 +126,21 @@ def _gym_family(params: Mapping[str, Any]) -> EnvSpec:
 
 def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
     from steprl.envs.synth.package import load_package, spec_from_yaml
+    from steprl.envs.synth.spec import TaskGen
     from steprl.envs.synth.users import user_from_params
 
+    tasks_keys = set(TaskGen.__dataclass_fields__)
+    unknown = sorted(set(params) - {"path", "spec", "user"} - tasks_keys)
+    if unknown:
+        raise EnvParamsError(
+            f"env.params.{unknown[0]}: not a parameter of env synth; allowed: path or spec, user, and with "
+            f"spec the keys of its tasks: section ({', '.join(sorted(tasks_keys))})"
+        )
+    if "path" in params and set(params) & tasks_keys:
+        raise EnvParamsError(
+            f"env.params: {sorted(set(params) & tasks_keys)} change how tasks are made, and a package "
+            "(path:) holds tasks already made; synthesize from the YAML with spec: instead"
+        )
     user_from_params(params.get("user"))  # a bad `user:` is one line at start-up, not per episode
     if "path" in params:  # a package `steprl synth` wrote
         return load_package(str(params["path"]), name="synth")

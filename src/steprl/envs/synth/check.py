@@ -48,6 +48,12 @@ def check_tool(spec: SynthSpec, tool: ToolDoc, worlds: int = 5) -> None:
         )
         if not template.writes:
             assert world == before, f"{tool.name}: a {tool.template} tool changed the state"
+        fields = {w.partition(".")[2] for w in tool.writes}
+        if "" not in fields:  # it declares fields: records stay, and only those fields change
+            old, new = before[tool.table], world[tool.table]
+            assert old.keys() == new.keys() and all(
+                {f for f in old[k] if old[k][f] != new[k].get(f)} <= fields for k in old
+            ), f"{tool.name}: changed more than it writes ({', '.join(tool.writes)})"
         changed_any |= world != before
         result = template.result_type(spec, tool)
         if result in owner:

@@ -16,7 +16,9 @@ entry under `tools` adds what it reads, writes and returns (and optionally `effe
 `phrase`, a `description` that replaces the server's, and `types`: a parameter's semantic type,
 written into the schema as its `x-type`). The synthesized env implements the tools over its own
 typed state, as for any spec: the server is read for its documentation only, so training never
-needs it running. `steprl synth` writes the merged, self-contained spec into the package.
+needs it running. `steprl synth` writes the merged, self-contained spec into the package (use
+the package, `env.params.path`, where many processes start envs: `spec:` lists the tools again
+in each).
 
 Every mismatch is one line: a server tool with no entry (add one, or list it under
 `mcp.ignore`), an entry naming no server tool, a server that does not start.
@@ -25,11 +27,13 @@ Every mismatch is one line: a server tool with no entry (add one, or list it und
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from steprl.envs.synth.spec import SynthSpecError
+from steprl.errors import UserError
 
 #: what a `tools` entry may add to a server tool
 _BINDING_KEYS = ("name", "description", "reads", "writes", "returns", "effect", "template", "phrase", "types")
@@ -39,7 +43,7 @@ def server_tools(mcp: Mapping[str, Any], timeout_s: float = 30.0) -> list[dict[s
     """The server's `tools/list`: [{name, description, inputSchema}], every page."""
     from mcp import StdioServerParameters
 
-    from steprl.envs.adapters.mcp_session import MCPSession
+    from steprl.envs.adapters.mcp_session import MCPSession, MCPTransportError
     from steprl.envs.adapters.mcp_yaml import resolve_command
 
     command = mcp.get("command")
@@ -50,7 +54,11 @@ def server_tools(mcp: Mapping[str, Any], timeout_s: float = 30.0) -> list[dict[s
         raise SynthSpecError(f"mcp.args: must be a list of strings, got {args!r}")
     if not args and " " in command.strip():  # `command: python server.py` as one string
         command, *args = shlex.split(command)
-    server = StdioServerParameters(command=resolve_command(command), args=[str(a) for a in args])
+    try:
+        resolved = resolve_command(command)
+    except UserError as exc:  # its message names env.params.command: say which key it is here
+        raise SynthSpecError(f"mcp.command: {exc}".replace("env.params.command ", "")) from None
+    server = StdioServerParameters(command=resolved, args=[str(a) for a in args])
 
     async def listing() -> list[dict[str, Any]]:
         session = MCPSession(server, None, call_timeout_s=timeout_s)
@@ -63,7 +71,15 @@ def server_tools(mcp: Mapping[str, Any], timeout_s: float = 30.0) -> list[dict[s
         finally:
             await session.aclose()
 
-    return asyncio.run(listing())
+    try:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop in this thread
+            return asyncio.run(listing())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # called from inside a running loop
+            return pool.submit(asyncio.run, listing()).result()
+    except MCPTransportError as exc:  # a server that did not start or broke off: its message says why
+        raise SynthSpecError(f"mcp: {str(exc).splitlines()[0]}") from None
 
 
 def merge_mcp_tools(raw: Mapping[str, Any], listed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,7 +93,10 @@ def merge_mcp_tools(raw: Mapping[str, Any], listed: list[dict[str, Any]]) -> dic
         raise SynthSpecError(
             f"mcp: unknown keys {sorted(unknown)}; allowed: command, args, ignore, startup_timeout_s"
         )
-    ignore = set(mcp.get("ignore") or [])
+    ignore_list = mcp.get("ignore") or []
+    if not isinstance(ignore_list, list):
+        raise SynthSpecError(f"mcp.ignore: must be a list of tool names, got {ignore_list!r}")
+    ignore = {str(n) for n in ignore_list}
     entries = raw.get("tools") or []
     if not isinstance(entries, list):
         raise SynthSpecError(
@@ -110,8 +129,14 @@ def merge_mcp_tools(raw: Mapping[str, Any], listed: list[dict[str, Any]]) -> dic
         if name in ignore:
             continue
         entry = by_name[name]
-        schema = dict(doc["inputSchema"] or {"type": "object", "properties": {}})
-        props = {k: dict(v) for k, v in (schema.get("properties") or {}).items()}
+        schema = doc["inputSchema"] or {}
+        given = schema.get("properties") or {} if isinstance(schema, Mapping) else None
+        if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
+            raise SynthSpecError(
+                f"mcp: the server's {name} has an input schema synth cannot read (properties must map "
+                "names to schemas); list it under mcp.ignore"
+            )
+        props = {str(k): dict(v) for k, v in given.items()}
         types = entry.get("types") or {}
         if not isinstance(types, Mapping):
             raise SynthSpecError(f"tools ({name}).types: must map parameter -> semantic type, got {types!r}")
@@ -124,11 +149,8 @@ def merge_mcp_tools(raw: Mapping[str, Any], listed: list[dict[str, Any]]) -> dic
             props[pname]["x-type"] = semantic
         for prop in props.values():  # what JSON schema allows beyond what synth reads
             prop.pop("title", None)
-        schema = {
-            "type": "object",
-            "properties": props,
-            "required": list(schema.get("required", list(props))),
-        }
+        # every parameter required: a synthesized task binds them all (a server's optional ones too)
+        schema = {"type": "object", "properties": props, "required": list(props)}
         tool = {
             "name": name,
             "description": entry.get("description", doc["description"]),

@@ -12,6 +12,7 @@ entry here whose `problem` is None (`infer_template`).
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
@@ -238,7 +239,7 @@ class Delete:
 _BUILTINS = {
     name: getattr(builtins, name)
     for name in (
-        "abs", "all", "any", "bool", "dict", "enumerate", "int", "isinstance", "len", "list", "max",
+        "abs", "all", "any", "bool", "dict", "enumerate", "float", "int", "isinstance", "len", "list", "max",
         "min", "range", "round", "set", "sorted", "str", "sum", "tuple", "zip", "KeyError",
         "TypeError", "ValueError",
     )
@@ -290,10 +291,18 @@ class Written:
 
     def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
         _check_refs(spec, world, tool, args)
+        # on a copy of the tool's table, kept only if the call succeeds: a call that fails half
+        # way changes nothing (as every template's calls)
+        table = tool.table
+        trial = {**world, table: copy.deepcopy(world[table])}
         try:
-            out = compile_written(tool.code)(world, dict(args))
-        except (KeyError, ValueError, TypeError) as exc:  # the model's arguments, as the code saw them
+            out = compile_written(tool.code)(trial, dict(args))
+        except ToolError:
+            raise
+        except (LookupError, ValueError, TypeError, ArithmeticError, AttributeError) as exc:
+            # the model's arguments, as the code met them: the model's mistake, shown to it
             raise ToolError(f"{tool.name}: {type(exc).__name__}: {exc}") from None
+        world[table] = trial[table]
         return "ok" if out is None else str(out)
 
     def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
@@ -365,8 +374,11 @@ def load_raw(path: str | Path) -> Any:
     if isinstance(raw, Mapping) and "mcp" in raw:
         from steprl.envs.synth.mcp_tools import merge_mcp_tools, server_tools
 
-        mcp = raw["mcp"] if isinstance(raw["mcp"], Mapping) else {}
-        return merge_mcp_tools(raw, server_tools(mcp))
+        if not isinstance(raw["mcp"], Mapping):
+            raise SynthSpecError(
+                f"mcp: must be a mapping with command (and args, ignore), got {raw['mcp']!r}"
+            )
+        return merge_mcp_tools(raw, server_tools(raw["mcp"]))
     return raw
 
 

@@ -21,6 +21,7 @@ never trained on.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -35,6 +36,25 @@ class SimUser(Protocol):
     """Answers the agent's question as the user who asked for `request` and has `intent` in mind."""
 
     def reply(self, request: str, question: str, intent: Mapping[str, Any]) -> str: ...
+
+
+def api_key(env_var: str, where: str) -> str:
+    """The key in `env_var` ("none" when no variable is named: a local endpoint takes any key)."""
+    if not env_var:
+        return "none"
+    key = os.environ.get(env_var)
+    if not key:
+        raise SynthSpecError(
+            f"{where}: the environment variable {env_var} is not set; export it with the API key"
+        )
+    return key
+
+
+@functools.lru_cache(maxsize=16)
+def _client(base_url: str, key: str, timeout_s: float) -> Any:
+    """One client (and its connection pool) per endpoint, shared by every episode's user."""
+    openai = require("openai", extra="llm", feature="an LLM-backed simulated user")
+    return openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=1)
 
 
 def scripted_reply(intent: Mapping[str, Any]) -> str:
@@ -77,10 +97,8 @@ class ChatUser:
     timeout_s: float = 30.0
 
     def reply(self, request: str, question: str, intent: Mapping[str, Any]) -> str:
-        openai = require("openai", extra="llm", feature="an LLM-backed simulated user")
-        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
-        client = openai.OpenAI(
-            base_url=self.base_url, api_key=key or "none", timeout=self.timeout_s, max_retries=1
+        client = _client(
+            self.base_url, api_key(self.api_key_env, "env.params.user.api_key_env"), self.timeout_s
         )
         wants = "; ".join(f"the {k} is {v}" for k, v in intent.items()) or "nothing more"
         out = client.chat.completions.create(
@@ -126,4 +144,7 @@ def user_from_params(raw: Any) -> SimUser | None:
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise SynthSpecError(f"env.params.user.{key}: must be {kind.__name__}, got {value!r}")
             args[key] = value
-    return ChatUser(**args)
+    user = ChatUser(**args)
+    api_key(user.api_key_env, "env.params.user.api_key_env")  # an unset key is one line at start-up
+    require("openai", extra="llm", feature="an LLM-backed simulated user")
+    return user

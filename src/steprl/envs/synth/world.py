@@ -71,7 +71,8 @@ def make_world(spec: SynthSpec, seed: int) -> World:
         low = 10 ** (digits - 1) if digits > 1 else 0
         if t.rows > 10**digits - low:
             raise SynthSpecError(
-                f"tables.{t.name}.rows: {t.rows} records need ids of more than tasks.key_digits {digits} digits"
+                f"tables.{t.name}.rows: {t.rows} records do not fit in ids of {digits} digit(s); "
+                "raise tasks.key_digits or lower rows"
             )
         numbers = rng.sample(range(low, 10**digits), t.rows)
         keys = [f"{t.prefix}{n}" for n in numbers]

@@ -15,7 +15,6 @@ what it wrote.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from steprl.envs.synth.check import check_tool
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, ToolDoc
 from steprl.envs.synth.templates import parse_spec
+from steprl.envs.synth.users import api_key
 from steprl.extras import require
 
 _PROMPT = """Write a Python function for a tool of a simulated app.
@@ -59,13 +59,17 @@ class ToolWriter:
 
     def ask(self, messages: list[dict[str, str]]) -> str:
         openai = require("openai", extra="llm", feature="the LLM tool writer")
-        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
-        client = openai.OpenAI(
-            base_url=self.base_url, api_key=key or "none", timeout=self.timeout_s, max_retries=1
-        )
-        out = client.chat.completions.create(
-            model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
-        )
+        key = api_key(self.api_key_env, "--writer-key-env")
+        client = openai.OpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s, max_retries=1)
+        try:
+            out = client.chat.completions.create(
+                model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
+            )
+        except openai.OpenAIError as exc:  # endpoint down, unknown model, refused key: the user's to fix
+            raise SynthSpecError(
+                f"the tool writer at {self.base_url} (model {self.model!r}) failed: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}; check --writer-url, --writer-model and the key"
+            ) from None
         return out.choices[0].message.content or ""
 
 
@@ -96,11 +100,24 @@ def code_of(answer: str) -> str:
     return (m.group(1) if m else answer).strip() + "\n"
 
 
-def _problem(raw: Mapping[str, Any], i: int, code: str, source: str) -> str | None:
+_PLACEHOLDER = "def call(world, args):\n    return 'ok'\n"
+
+
+def _with_code(raw: Mapping[str, Any], i: int, code: str) -> dict[str, Any]:
+    """`raw` with `code` for tool i and a placeholder for every other written tool still without
+    code (a spec parses only when each has some)."""
     tools = [dict(t) for t in raw["tools"]]
-    tools[i] = {**tools[i], "code": code}
+    for t in tools:
+        if t.get("template") == "written" and not t.get("code"):
+            t["code"] = _PLACEHOLDER
+    tools[i]["code"] = code
+    return {**raw, "tools": tools}
+
+
+def _problem(raw: Mapping[str, Any], i: int, code: str, source: str) -> str | None:
+    raw = _with_code(raw, i, code)
     try:
-        spec = parse_spec({**raw, "tools": tools}, source)
+        spec = parse_spec(raw, source)
         check_tool(spec, spec.tools[i])
     except (SynthSpecError, AssertionError) as exc:
         return str(exc)
@@ -112,9 +129,9 @@ def _problem(raw: Mapping[str, Any], i: int, code: str, source: str) -> str | No
 def write_tools(raw: Mapping[str, Any], writer: ToolWriter | None, source: str = "<spec>") -> dict[str, Any]:
     """`raw` with code for every `template: written` tool that has none, each checked; without a
     writer such a tool is one line saying how to give it code."""
-    tools = raw.get("tools")
+    tools = raw.get("tools") if isinstance(raw, Mapping) else None
     if not isinstance(tools, list):
-        return dict(raw)
+        return raw  # type: ignore[return-value]  # not a spec: parse_spec says why, in one line
     todo = [
         i
         for i, t in enumerate(tools)
@@ -130,15 +147,7 @@ def write_tools(raw: Mapping[str, Any], writer: ToolWriter | None, source: str =
         )
     out = {**raw, "tools": [dict(t) for t in tools]}
     for i in todo:
-        # the spec without this tool's code parses once it has some: a placeholder to read it by
-        stub = {
-            **out,
-            "tools": [
-                {**t, "code": t.get("code") or "def call(world, args):\n    return 'ok'\n"}
-                for t in out["tools"]
-            ],
-        }
-        spec = parse_spec(stub, source)
+        spec = parse_spec(_with_code(out, i, _PLACEHOLDER), source)
         messages = [{"role": "user", "content": prompt(spec, spec.tools[i])}]
         problem = "no answer"
         for _ in range(writer.attempts):

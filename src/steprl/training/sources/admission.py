@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from steprl.diagnostics.metrics import is_success
 from steprl.training.sources.splits import TaskSplits
 from steprl.training.state import task_dict, task_from_dict
 from steprl.types import Group, Task
@@ -123,10 +124,12 @@ class AdmissionSource:
 
     # -- learning from what was trained -----------------------------------------------------
     def observe(self, group: Group) -> None:
-        rewards = [t.outcome_reward for t in group.trajectories if t.trainable]
-        if not rewards:
+        # the pass rate is the share of successes (`is_success`: the env's verdict, else the full
+        # reward), not the mean return: a format penalty must not make a pass rate negative
+        wins = [float(is_success(t)) for t in group.trajectories if t.trainable]
+        if not wins:
             return  # infra failures only: nothing learned, the task stays
-        mean = sum(rewards) / len(rewards)
+        mean = sum(wins) / len(wins)
         task = group.task
         self.shapes.setdefault(shape_of(task), deque(maxlen=self.window * self.size)).append(mean)
         if all(t.id != task.id for t in self.active):
@@ -188,9 +191,8 @@ class AdmissionSource:
         self.shapes = {
             str(k): deque(map(float, v), maxlen=self.window * self.size) for k, v in state["shapes"].items()
         }
-        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard = (
-            int(x) for x in state["counts"]
-        )
+        counts = [*map(int, state["counts"]), 0, 0][:5]  # a checkpoint from before parking: 3 counts
+        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard = counts
         self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
 
 
