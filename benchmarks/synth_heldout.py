@@ -61,6 +61,33 @@ def curves(out: Path, seed: int) -> tuple[dict[int, float], dict[int, float]]:
     return held, train
 
 
+def by_shape(out: Path, seeds: list[int], first: int, last: int) -> None:
+    """Held-out success per held-out shape, at the warm start and at the end (all seeds pooled)."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from steprl.envs.registry import get_spec
+
+    env = yaml.safe_load(CONFIG.read_text())["env"]
+    spec = get_spec("synth", env["params"])
+    shape = {}
+    for task in spec.tasks("eval", 0, **env.get("task_params", {})):
+        if task.id in shape:
+            break  # the eval split cycles its fixed tasks
+        shape[task.id] = task.params["shape"]
+    counts: dict[str, list[list[float]]] = {}
+    for seed in seeds:
+        for i, step in enumerate((first, last)):
+            rows = pq.read_table(out / f"seed{seed}" / "eval_trajectories" / f"step_{step:06d}.parquet")
+            for task_id, reward in zip(
+                rows["task_id"].to_pylist(), rows["outcome_reward"].to_pylist(), strict=True
+            ):
+                counts.setdefault(shape[task_id], [[], []])[i].append(float(reward >= 1.0))
+    print(f"\nper held-out shape (episodes of all seeds): success at step {first} -> step {last}")
+    for name, (a, b) in sorted(counts.items(), key=lambda kv: -len(kv[1][0])):
+        print(f"  {statistics.fmean(a):.3f} -> {statistics.fmean(b):.3f}  ({len(a)} episodes)  {name}")
+
+
 def table(out: Path, seeds: list[int]) -> None:
     runs = {s: curves(out, s) for s in seeds}
     steps = sorted(set.intersection(*(set(h) for h, _ in runs.values())))
@@ -84,6 +111,7 @@ def table(out: Path, seeds: list[int]) -> None:
     first, last = steps[0], steps[-1]
     gains = [runs[s][0][last] - runs[s][0][first] for s in seeds]
     print(f"\nchange from step {first} to {last}: {interval(gains)}; per seed {[round(g, 3) for g in gains]}")
+    by_shape(out, seeds, first, last)
     try:
         import matplotlib
 

@@ -344,6 +344,24 @@ def show_cmd(
     show_run(run, step=step, task=task, evaluated=eval_, console=console)
 
 
+@app.command("serve-policy")
+def serve_policy_cmd(
+    config: Path = typer.Argument(..., help="YAML config: its model section is served."),
+    port: int = typer.Option(8000, help="The loopback port."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key (repeatable)."),
+    plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """The config's policy behind an OpenAI-compatible endpoint on 127.0.0.1 (chat completions with
+    tools and streaming, completions, models), recording every call's exact token ids and
+    log-probs: appended to the session's trajectory when the harness kept the history as
+    sampled, a new sample (a counted branch) when it did not; ids and log-probs of unequal
+    length fail the call."""
+    cfg = _load(config, set_, plugin)
+    from steprl.training.serve_policy import serve_policy
+
+    serve_policy(cfg, port, log=lambda m: console.print(m, markup=False, highlight=False))
+
+
 # `steprl serve-env`: the env server. Defined in steprl.hosting.command so that LocalEnvServer can
 # start it as `python -m steprl.hosting` without importing torch.
 app.command("serve-env")(serve_env)

@@ -645,3 +645,14 @@ def test_admission_parks_what_the_learner_cannot_do_and_skips_shapes_below_the_b
     assert m["source/parked"] >= 1 and m["source/skipped_hard"] >= 1 and m["source/retired"] == 0
     assert all(shape_of(t) != hard for t in source.active)
     assert m["source/pass_rate"] == 0.5 and m["source/in_band"] == 1.0
+
+
+def test_key_digits_sets_how_long_ids_are() -> None:
+    from steprl.envs.synth.world import make_world
+
+    raw = yaml.safe_load(SHIPPED[[p.stem for p in SHIPPED].index("shop")].read_text())
+    short = parse_spec({**raw, "tasks": {**raw["tasks"], "key_digits": 1}})
+    assert {len(k) for t in make_world(short, 0).values() for k in t} == {2}  # P3
+    raw["tables"]["products"]["rows"] = 12
+    with pytest.raises(SynthSpecError, match="do not fit in ids of 1 digit.*raise tasks.key_digits"):
+        make_world(parse_spec({**raw, "tasks": {**raw["tasks"], "key_digits": 1}}), 0)

@@ -1,0 +1,144 @@
+"""The gateway's HTTP face (the `serve` extra): an OpenAI-compatible API on loopback.
+
+Routes: `GET /v1/models`; `POST /v1/chat/completions` (messages, tools, `stream`, temperature,
+top_p, max_tokens / max_completion_tokens, stop, seed); `POST /v1/completions` (a prompt as text
+or token ids). Auth: the API key is the gateway's token, or `<token>.<session>` (a harness that
+gives each episode its own key gets a session per key); `X-Session-Id` names the session
+otherwise (else "default"). Anthropic's SDK sends its key as `x-api-key`, accepted the same way.
+
+Errors are the OpenAI envelope `{"error": {"message", "type"}}`: 401 for a wrong key, 400 for a
+request the gateway cannot read, 500 `provenance_error` when the engine's ids and log-probs do not
+match (the call fails; nothing is recorded or padded).
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from steprl.extras import require
+from steprl.gateway.openai_format import chat_chunks, chat_response, completion_response
+from steprl.gateway.policy_gateway import Gateway, Sampling
+from steprl.gateway.sessions import ProvenanceError
+
+require("fastapi", extra="serve", feature="steprl serve-policy")  # one line when the extra is missing
+from fastapi import FastAPI, Request  # noqa: E402  (a module global: FastAPI resolves `request: Request`)
+from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
+
+
+class BadRequest(ValueError):
+    """A request body the gateway cannot read (the message says which field)."""
+
+
+def session_key(token: str, api_key: str | None, header: str | None) -> str | None:
+    """The session a call belongs to, or None when the key is wrong."""
+    if api_key is None:
+        return None
+    given, _, suffix = api_key.partition(".")
+    if not secrets.compare_digest(given.encode(), token.encode()):
+        return None
+    return header or suffix or "default"
+
+
+def sampling_of(body: Mapping[str, Any]) -> Sampling:
+    def number(name: str, default: float, low: float, high: float) -> float:
+        value = body.get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise BadRequest(f"{name}: a number in [{low}, {high}], got {value!r}")
+        return float(value)
+
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest(f"stop: a string or a list of strings, got {body.get('stop')!r}")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest(f"seed: an integer, got {seed!r}")
+    return Sampling(
+        temperature=number("temperature", 1.0, 0.0, 2.0),
+        top_p=number("top_p", 1.0, 1e-6, 1.0),
+        max_tokens=int(number("max_completion_tokens", number("max_tokens", 256, 1, 1 << 20), 1, 1 << 20)),
+        stop=stop,
+        seed=seed,
+    )
+
+
+def make_app(gateway: Gateway, token: str) -> FastAPI:
+    app = FastAPI(title="steprl policy gateway")
+
+    def error(status: int, type_: str, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": type_}}, status_code=status)
+
+    def key_of(request: Any) -> str | None:
+        auth = request.headers.get("authorization", "")
+        api_key = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
+        return session_key(token, api_key, request.headers.get("x-session-id"))
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        if key_of(request) is None:
+            return error(401, "authentication_error", "wrong or missing API key")
+        return {
+            "object": "list",
+            "data": [{"id": gateway.model_name, "object": "model", "owned_by": "steprl"}],
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        key = key_of(request)
+        if key is None:
+            return error(401, "authentication_error", "wrong or missing API key")
+        try:
+            body = await request.json()
+            messages = body.get("messages")
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or not all(isinstance(m, dict) for m in messages)
+            ):
+                raise BadRequest("messages: a non-empty list of {role, content} objects")
+            tools = [t.get("function", t) for t in body.get("tools") or []]
+            turn, reply = await gateway.chat(key, messages, tools, sampling_of(body))
+        except BadRequest as exc:
+            return error(400, "invalid_request_error", str(exc))
+        except ProvenanceError as exc:
+            return error(500, "provenance_error", str(exc))
+        except ValueError as exc:  # a body that is not JSON, a template that refuses the messages
+            return error(400, "invalid_request_error", f"{type(exc).__name__}: {exc}")
+        rid = f"chatcmpl-{uuid.uuid4().hex[:16]}"
+        if body.get("stream"):
+            return StreamingResponse(
+                chat_chunks(reply, gateway.model_name, rid), media_type="text/event-stream"
+            )
+        return chat_response(reply, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids))
+
+    @app.post("/v1/completions")
+    async def complete(request: Request) -> Any:
+        key = key_of(request)
+        if key is None:
+            return error(401, "authentication_error", "wrong or missing API key")
+        try:
+            body = await request.json()
+            prompt = body.get("prompt")
+            if isinstance(prompt, str) and prompt:
+                ids = gateway.fmt.template_ids(prompt)
+            elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+                ids = tuple(prompt)
+            else:
+                raise BadRequest("prompt: a non-empty string or list of token ids")
+            turn = await gateway.sample(key, ids, sampling_of(body))
+        except BadRequest as exc:
+            return error(400, "invalid_request_error", str(exc))
+        except ProvenanceError as exc:
+            return error(500, "provenance_error", str(exc))
+        text = gateway.fmt.decode(turn.completion_ids)
+        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
+        return completion_response(
+            text, turn.finish_reason, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
+        )
+
+    return app

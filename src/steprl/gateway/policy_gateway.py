@@ -1,0 +1,126 @@
+"""`Gateway`: the policy behind an OpenAI-style chat call, recording exact training tokens.
+
+Each call: the messages rendered with the model's chat template (`ChatFormat.render`, the tools
+given to the template as the harness sent them), placed in its session (`Session.place`: append
+or branch), sampled by the run's engine (`Engine.generate`: the same call the agent loop makes),
+its provenance checked (`check_provenance`), recorded as a `Turn`, and its text returned in the
+OpenAI shape (`openai_format.parse_reply`). Calls of one session run one at a time (a session is
+one conversation); sessions run concurrently and the engine batches them.
+
+Seeds: a request's `seed` if it has one, else one derived from the session key and the call's
+number in it, so a harness replayed with the same keys samples the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from steprl.gateway.openai_format import Reply, parse_reply
+from steprl.gateway.sessions import GatewayStats, ProvenanceError, Sample, Session, Turn, check_provenance
+from steprl.rollout.chat_format import ChatFormat
+from steprl.rollout.engines.base import Engine, SamplingParams
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a request may set (the rest is the gateway's)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+def normalise(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates take them: `content: null` (an assistant turn of tool calls
+    only) is "", a list of content parts is their text joined (images are not supported)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        out.append({**m, "content": "" if content is None else content})
+    return out
+
+
+def _seed(key: str, n: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}:{n}".encode(), digest_size=8).digest(), "big") >> 1
+
+
+class Gateway:
+    def __init__(
+        self, engine: Engine, fmt: ChatFormat, model_name: str, *, max_tokens_cap: int = 4096
+    ) -> None:
+        self.engine, self.fmt, self.model_name, self.max_tokens_cap = engine, fmt, model_name, max_tokens_cap
+        self.sessions: dict[str, Session] = {}
+        self.stats = GatewayStats()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._calls: dict[str, int] = {}
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> tuple[int, ...]:
+        """The prompt ids of a chat call: the template's render of the messages, generation prompt on."""
+        return self.fmt.template_ids(self.fmt.render(normalise(messages), tools=tools, gen=True))
+
+    async def chat(
+        self,
+        key: str,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] = (),
+        sampling: Sampling = Sampling(),
+    ) -> tuple[Turn, Reply]:
+        prompt = self.render(messages, tools)
+        turn = await self.sample(key, prompt, sampling)
+        text = self.fmt.decode(turn.completion_ids)
+        n = self._calls[key]
+        return turn, parse_reply(text, turn.finish_reason, call_prefix=f"call_{_seed(key, 0) % 10**8}_{n}")
+
+    async def sample(self, key: str, prompt: Sequence[int], sampling: Sampling) -> Turn:
+        """One engine call for session `key` on exact `prompt` ids, recorded (or a loud error)."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            session = self.sessions.setdefault(key, Session(key))
+            first = not session.samples
+            sample, appended = session.place(prompt)
+            n = self._calls[key] = self._calls.get(key, 0) + 1
+            stop_ids, stop_seqs = self.fmt.stop_tokens(sampling.stop)
+            room = min(sampling.max_tokens, self.max_tokens_cap)
+            params = SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_new_tokens=room,
+                stop_token_ids=stop_ids,
+                stop_sequences=stop_seqs,
+            )
+            version = self.engine.version
+            gen = await self.engine.generate(
+                tuple(prompt), params, seed=sampling.seed if sampling.seed is not None else _seed(key, n)
+            )
+            try:
+                check_provenance(gen)
+            except ProvenanceError:
+                self.stats.provenance_errors += 1
+                if not sample.turns:  # the sample this call opened holds nothing
+                    session.samples.remove(sample)
+                    session.branches -= not first
+                raise
+            turn = Turn(tuple(prompt), gen.token_ids, gen.logprobs, version, gen.finish_reason, appended)
+            sample.turns.append(turn)
+            self.stats.record(turn, first_of_session=first, branched=not first and not appended)
+            return turn
+
+    def take(self, key: str) -> list[Sample]:
+        """The session's samples, and the session forgotten (a harness episode is over)."""
+        self._locks.pop(key, None)
+        self._calls.pop(key, None)
+        session = self.sessions.pop(key, None)
+        return session.samples if session is not None else []
+
+    def metrics(self) -> dict[str, float]:
+        return self.stats.metrics()

@@ -1,0 +1,61 @@
+"""`steprl serve-policy CONFIG`: the config's policy behind the gateway (`steprl.gateway`), an
+OpenAI-compatible endpoint on loopback, for a harness to call and a person to try.
+
+The model is `model.name` loaded as a run loads it (`load_policy`: a HF directory, a Hub id,
+the Qwen3 test bed, Gemma-3-270M; `model.init`, LoRA), served by the run's engine (`engine_for`)
+and rendered with its chat template (a model without one, like the tiny model, is one line).
+The API key is `$STEPRL_GATEWAY_TOKEN`, or a fresh one printed at start; `<key>.<session>` keys
+a session per harness episode. Every call's exact ids and log-probs are recorded in memory
+(`Gateway.sessions`); `gateway/*` metrics go to the log on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+
+from steprl.config import Config
+from steprl.errors import UserError
+from steprl.gateway.policy_gateway import Gateway
+from steprl.rollout.chat_format import ChatFormat
+from steprl.training import env_setup
+from steprl.training.policy import load_policy
+from steprl.training.rollout_parts import engine_for
+
+TOKEN_VAR = "STEPRL_GATEWAY_TOKEN"
+
+
+def build_gateway(cfg: Config, log: Callable[[str], None] = print) -> Gateway:
+    if cfg.model.name == "tiny" and cfg.model.chat_template is None:
+        raise UserError(
+            "serve-policy: the tiny model has no chat template to render a harness's messages; give one "
+            "with model.chat_template, or serve a chat model (e.g. model.name=qwen3-testbed)"
+        )
+    if cfg.model.init == "sft":
+        raise UserError(
+            "serve-policy: model.init=sft trains a warm start on an env's demonstrations first; serve the "
+            "model as it is with model.init=pretrained"
+        )
+    policy = load_policy(cfg, log)
+    fmt = env_setup.prompt_format(cfg, policy.tokenizer)
+    if not isinstance(fmt, ChatFormat):
+        raise UserError(
+            f"serve-policy: model {cfg.model.name!r} has no chat template to render a harness's messages; "
+            "give one with model.chat_template, or serve a chat model (e.g. model.name=qwen3-testbed)"
+        )
+    return Gateway(engine_for(cfg, policy.model, policy.tokenizer), fmt, cfg.model.name)
+
+
+def serve_policy(cfg: Config, port: int, log: Callable[[str], None] = print) -> None:
+    import uvicorn
+
+    from steprl.gateway.app import make_app
+
+    token = os.environ.get(TOKEN_VAR) or secrets.token_urlsafe(24)
+    gateway = build_gateway(cfg, log)
+    if TOKEN_VAR not in os.environ:
+        log(f"API key (set {TOKEN_VAR} to choose it): {token}")
+    log(f"serving {cfg.model.name} at http://127.0.0.1:{port}/v1 (OpenAI chat and completions API)")
+    uvicorn.run(make_app(gateway, token), host="127.0.0.1", port=port, log_level="warning")
+    log(" ".join(f"{k}={v:.3f}" for k, v in gateway.metrics().items()))
