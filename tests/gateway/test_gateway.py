@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -213,3 +214,69 @@ def test_serve_policy_serves_a_configs_model_from_the_cli() -> None:
         and "has no chat template" in tiny.stdout
         and tiny.stdout.strip().count("\n") == 0
     )
+
+
+def test_the_anthropic_sdk_runs_the_same_harness_and_appends_the_same_way(fmt: ChatFormat) -> None:
+    """`/v1/messages`: a tool_use block out, a tool_result back in; the second call renders as the
+    extension of the first's exact ids, as through the OpenAI API."""
+    import anthropic
+
+    gateway = Gateway(ScriptedEngine([CALL, ANSWER], fmt.template_ids), fmt, "m")
+    tools: Any = [
+        {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "input_schema": WEATHER["function"]["parameters"],
+        }
+    ]
+    with serving(gateway) as url:
+        client = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key=f"{TOKEN}.ep5", max_retries=0)
+        messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+        first = client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
+        (use,) = [b for b in first.content if b.type == "tool_use"]
+        assert first.stop_reason == "tool_use" and use.input == {"city": "Paris"}
+        messages += [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]},
+        ]
+        second = client.messages.create(model="m", max_tokens=64, messages=messages, tools=tools)
+        assert second.stop_reason == "end_turn" and second.content[0].type == "text"
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(
+                base_url=url.removesuffix("/v1"), api_key="nope", max_retries=0
+            ).messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    (sample,) = gateway.take("ep5")
+    assert [t.appended for t in sample.turns] == [False, True]
+
+
+RECORDED = sorted((Path(__file__).parent / "recorded").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_recorded_harness_sessions_replay_as_recorded(fmt: ChatFormat, path: Path) -> None:
+    """Each recorded session's calls, replayed through the openai SDK with the completions the
+    engine gave: every call lands as recorded (first, append or branch), every trained token is
+    the engine's own id, none padded, none lost."""
+    recorded = json.loads(path.read_text())
+    calls = recorded["calls"]
+    engine = ScriptedEngine([c["completion"] for c in calls], fmt.template_ids)
+    gateway = Gateway(engine, fmt, "m")
+    placed, last = [], ""
+    with serving(gateway) as url:
+        client = _client(url, path.stem)
+        for call in calls:
+            request = json.loads(json.dumps(call["request"]).replace("TRUNCATED", json.dumps(last)[1:-1]))
+            before = (gateway.stats.later_turns, gateway.stats.branches)
+            if request.pop("stream", False):
+                chunks = client.chat.completions.create(model="m", stream=True, **request)
+                last = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                last = client.chat.completions.create(model="m", **request).choices[0].message.content or ""
+            later, branched = (gateway.stats.later_turns - before[0], gateway.stats.branches - before[1])
+            placed.append("branch" if branched else "append" if later else "first")
+    assert placed == [c["expect"] for c in calls], recorded["harness"]
+    turns = [t for s in gateway.take(path.stem) for t in s.turns]
+    want = [fmt.template_ids(c["completion"])[: c["request"].get("max_tokens", 1 << 20)] for c in calls]
+    assert sorted(t.completion_ids for t in turns) == sorted(want)  # the engine's ids, each once
+    assert all(len(t.completion_ids) == len(t.logprobs) for t in turns)
+    assert gateway.metrics()["gateway/provenance_errors"] == 0.0

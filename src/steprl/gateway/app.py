@@ -2,7 +2,8 @@
 
 Routes: `GET /v1/models`; `POST /v1/chat/completions` (messages, tools, `stream`, temperature,
 top_p, max_tokens / max_completion_tokens, stop, seed); `POST /v1/completions` (a prompt as text
-or token ids). Auth: the API key is the gateway's token, or `<token>.<session>` (a harness that
+or token ids); `POST /v1/messages` (Anthropic's Messages API, whole messages:
+`anthropic_format.py`). Auth: the API key is the gateway's token, or `<token>.<session>` (a harness that
 gives each episode its own key gets a session per key); `X-Session-Id` names the session
 otherwise (else "default"). Anthropic's SDK sends its key as `x-api-key`, accepted the same way.
 
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from steprl.extras import require
+from steprl.gateway.anthropic_format import AnthropicRequestError, message_response, to_chat
 from steprl.gateway.openai_format import chat_chunks, chat_response, completion_response
 from steprl.gateway.policy_gateway import Gateway, Sampling
 from steprl.gateway.sessions import ProvenanceError
@@ -139,6 +141,29 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
         rid = f"cmpl-{uuid.uuid4().hex[:16]}"
         return completion_response(
             text, turn.finish_reason, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
+        )
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        key = key_of(request)
+        if key is None:
+            return error(401, "authentication_error", "wrong or missing API key")
+        try:
+            body = await request.json()
+            if body.get("stream"):
+                raise BadRequest(
+                    "stream: /v1/messages answers whole messages only (stream on /v1/chat/completions)"
+                )
+            chat_messages, tools = to_chat(body)
+            sampling = sampling_of({**body, "stop": body.get("stop_sequences")})
+            turn, reply = await gateway.chat(key, chat_messages, tools, sampling)
+        except (BadRequest, AnthropicRequestError) as exc:
+            return error(400, "invalid_request_error", str(exc))
+        except ProvenanceError as exc:
+            return error(500, "provenance_error", str(exc))
+        rid = f"msg_{uuid.uuid4().hex[:24]}"
+        return message_response(
+            reply, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
         )
 
     return app
