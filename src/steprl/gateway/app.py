@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from steprl.extras import require
@@ -75,10 +75,27 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
     def error(status: int, type_: str, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": type_}}, status_code=status)
 
-    def key_of(request: Any) -> str | None:
+    def key_of(request: Request) -> str | None:
         auth = request.headers.get("authorization", "")
         api_key = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key")
         return session_key(token, api_key, request.headers.get("x-session-id"))
+
+    async def serve(request: Request, handle: Callable[[str, dict[str, Any]], Awaitable[Any]]) -> Any:
+        """What every POST route shares: the key, the body, and each failure as its status."""
+        key = key_of(request)
+        if key is None:
+            return error(401, "authentication_error", "wrong or missing API key")
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            return await handle(key, body)
+        except (BadRequest, AnthropicRequestError) as exc:
+            return error(400, "invalid_request_error", str(exc))
+        except ProvenanceError as exc:  # the engine's ids and log-probs disagree: fail, record nothing
+            return error(500, "provenance_error", str(exc))
+        except ValueError as exc:  # a body that is not JSON, a template that refuses the messages
+            return error(400, "invalid_request_error", f"{type(exc).__name__}: {exc}")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
@@ -91,11 +108,7 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        key = key_of(request)
-        if key is None:
-            return error(401, "authentication_error", "wrong or missing API key")
-        try:
-            body = await request.json()
+        async def handle(key: str, body: dict[str, Any]) -> Any:
             messages = body.get("messages")
             if (
                 not isinstance(messages, list)
@@ -105,26 +118,20 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
                 raise BadRequest("messages: a non-empty list of {role, content} objects")
             tools = [t.get("function", t) for t in body.get("tools") or []]
             turn, reply = await gateway.chat(key, messages, tools, sampling_of(body))
-        except BadRequest as exc:
-            return error(400, "invalid_request_error", str(exc))
-        except ProvenanceError as exc:
-            return error(500, "provenance_error", str(exc))
-        except ValueError as exc:  # a body that is not JSON, a template that refuses the messages
-            return error(400, "invalid_request_error", f"{type(exc).__name__}: {exc}")
-        rid = f"chatcmpl-{uuid.uuid4().hex[:16]}"
-        if body.get("stream"):
-            return StreamingResponse(
-                chat_chunks(reply, gateway.model_name, rid), media_type="text/event-stream"
+            rid = f"chatcmpl-{uuid.uuid4().hex[:16]}"
+            if body.get("stream"):
+                return StreamingResponse(
+                    chat_chunks(reply, gateway.model_name, rid), media_type="text/event-stream"
+                )
+            return chat_response(
+                reply, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
             )
-        return chat_response(reply, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids))
+
+        return await serve(request, handle)
 
     @app.post("/v1/completions")
     async def complete(request: Request) -> Any:
-        key = key_of(request)
-        if key is None:
-            return error(401, "authentication_error", "wrong or missing API key")
-        try:
-            body = await request.json()
+        async def handle(key: str, body: dict[str, Any]) -> Any:
             prompt = body.get("prompt")
             if isinstance(prompt, str) and prompt:
                 ids = gateway.fmt.template_ids(prompt)
@@ -133,23 +140,17 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
             else:
                 raise BadRequest("prompt: a non-empty string or list of token ids")
             turn = await gateway.sample(key, ids, sampling_of(body))
-        except BadRequest as exc:
-            return error(400, "invalid_request_error", str(exc))
-        except ProvenanceError as exc:
-            return error(500, "provenance_error", str(exc))
-        text = gateway.fmt.decode(turn.completion_ids)
-        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
-        return completion_response(
-            text, turn.finish_reason, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
-        )
+            text = gateway.fmt.decode(turn.completion_ids)
+            n, rid = len(turn.completion_ids), f"cmpl-{uuid.uuid4().hex[:16]}"
+            return completion_response(
+                text, turn.finish_reason, gateway.model_name, rid, len(turn.prompt_ids), n
+            )
+
+        return await serve(request, handle)
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
-        key = key_of(request)
-        if key is None:
-            return error(401, "authentication_error", "wrong or missing API key")
-        try:
-            body = await request.json()
+        async def handle(key: str, body: dict[str, Any]) -> Any:
             if body.get("stream"):
                 raise BadRequest(
                     "stream: /v1/messages answers whole messages only (stream on /v1/chat/completions)"
@@ -157,13 +158,11 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
             chat_messages, tools = to_chat(body)
             sampling = sampling_of({**body, "stop": body.get("stop_sequences")})
             turn, reply = await gateway.chat(key, chat_messages, tools, sampling)
-        except (BadRequest, AnthropicRequestError) as exc:
-            return error(400, "invalid_request_error", str(exc))
-        except ProvenanceError as exc:
-            return error(500, "provenance_error", str(exc))
-        rid = f"msg_{uuid.uuid4().hex[:24]}"
-        return message_response(
-            reply, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
-        )
+            rid = f"msg_{uuid.uuid4().hex[:24]}"
+            return message_response(
+                reply, gateway.model_name, rid, len(turn.prompt_ids), len(turn.completion_ids)
+            )
+
+        return await serve(request, handle)
 
     return app
