@@ -280,3 +280,47 @@ def test_recorded_harness_sessions_replay_as_recorded(fmt: ChatFormat, path: Pat
     assert sorted(t.completion_ids for t in turns) == sorted(want)  # the engine's ids, each once
     assert all(len(t.completion_ids) == len(t.logprobs) for t in turns)
     assert gateway.metrics()["gateway/provenance_errors"] == 0.0
+
+
+class FailingOnce(ScriptedEngine):
+    """Raises on its first call (an engine error, e.g. out of memory), then replays."""
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
+    ) -> Generation:
+        if not self.calls:
+            self.calls.append(tuple(prompt_ids))
+            raise RuntimeError("engine died")
+        return await super().generate(prompt_ids, sampling, seed=seed)
+
+
+def test_bad_requests_are_one_line_and_a_failed_call_leaves_no_trace(fmt: ChatFormat) -> None:
+    gateway = Gateway(FailingOnce([ANSWER], fmt.template_ids), fmt, "m")
+    hi = [{"role": "user", "content": "hi"}]
+    with serving(gateway) as url:
+        client = _client(url, "ep6")
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="m", messages=hi)
+        assert gateway.sessions["ep6"].samples == []  # the failed call's sample is gone
+        client.chat.completions.create(
+            model="m", messages=[{"role": "developer", "content": "be brief"}, *hi]
+        )
+        for bad, says in (
+            ({"messages": hi, "n": 2}, "n: not supported"),
+            (
+                {
+                    "messages": [
+                        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                    ]
+                },
+                "only text",
+            ),
+            ({"messages": [{"role": "critic", "content": "x"}]}, r"messages\[0\]\.role"),
+            ({"messages": hi, "max_tokens": 5.5}, "max_tokens: an integer"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=says):
+                client.chat.completions.create(model="m", **bad)
+        with pytest.raises(openai.BadRequestError, match="token ids in"):
+            client.completions.create(model="m", prompt=[len(fmt.tokenizer) + 5])
+    (sample,) = gateway.take("ep6")
+    assert "<|im_start|>system\nbe brief" in fmt.decode_all(sample.turns[0].prompt_ids)

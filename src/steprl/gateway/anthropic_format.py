@@ -64,6 +64,13 @@ def to_chat(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[st
             msg: dict[str, Any] = {"role": "assistant", "content": _text(blocks, f"messages[{i}]")}
             if calls:
                 msg["tool_calls"] = calls
+            thought = "".join(
+                str(b.get("thinking", ""))
+                for b in blocks
+                if isinstance(b, Mapping) and b.get("type") == "thinking"
+            )
+            if thought:  # sent back as the template takes reasoning (Qwen3 renders it again)
+                msg["reasoning_content"] = thought
             out.append(msg)
             continue
         results = [b for b in blocks if isinstance(b, Mapping) and b.get("type") == "tool_result"]

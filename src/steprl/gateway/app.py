@@ -38,10 +38,23 @@ def session_key(token: str, api_key: str | None, header: str | None) -> str | No
     """The session a call belongs to, or None when the key is wrong."""
     if api_key is None:
         return None
-    given, _, suffix = api_key.partition(".")
-    if not secrets.compare_digest(given.encode(), token.encode()):
-        return None
-    return header or suffix or "default"
+    if secrets.compare_digest(api_key.encode(), token.encode()):
+        return header or "default"
+    prefix = f"{token}."
+    if len(api_key) > len(prefix) and secrets.compare_digest(
+        api_key[: len(prefix)].encode(), prefix.encode()
+    ):
+        return header or api_key[len(prefix) :]
+    return None
+
+
+#: request fields the gateway does not do, and the values that ask for nothing
+_UNSUPPORTED = {
+    "n": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "response_format": (None,),
+}
 
 
 def sampling_of(body: Mapping[str, Any]) -> Sampling:
@@ -53,18 +66,28 @@ def sampling_of(body: Mapping[str, Any]) -> Sampling:
             raise BadRequest(f"{name}: a number in [{low}, {high}], got {value!r}")
         return float(value)
 
+    for name, fine in _UNSUPPORTED.items():
+        if body.get(name) not in fine:
+            raise BadRequest(
+                f"{name}: not supported by the steprl gateway (got {body.get(name)!r}); leave it out"
+            )
+    if body.get("tool_choice") not in (None, "auto"):
+        raise BadRequest(f"tool_choice: only auto is supported, got {body.get('tool_choice')!r}")
     stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stop):
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest(f"stop: a string or a list of strings, got {body.get('stop')!r}")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadRequest(f"seed: an integer, got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
+        raise BadRequest(f"seed: an integer in [0, 2**63), got {seed!r}")
+    limit = body.get("max_completion_tokens", body.get("max_tokens", 256))
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1 << 20:
+        raise BadRequest(f"max_tokens: an integer in [1, {1 << 20}], got {limit!r}")
     return Sampling(
         temperature=number("temperature", 1.0, 0.0, 2.0),
         top_p=number("top_p", 1.0, 1e-6, 1.0),
-        max_tokens=int(number("max_completion_tokens", number("max_tokens", 256, 1, 1 << 20), 1, 1 << 20)),
-        stop=stop,
+        max_tokens=limit,
+        stop=tuple(stop),
         seed=seed,
     )
 
@@ -96,6 +119,8 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
             return error(500, "provenance_error", str(exc))
         except ValueError as exc:  # a body that is not JSON, a template that refuses the messages
             return error(400, "invalid_request_error", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the engine failed: the harness sees why, the server stays up
+            return error(500, "engine_error", f"{type(exc).__name__}: {exc}")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
@@ -116,7 +141,12 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
                 or not all(isinstance(m, dict) for m in messages)
             ):
                 raise BadRequest("messages: a non-empty list of {role, content} objects")
-            tools = [t.get("function", t) for t in body.get("tools") or []]
+            tools = body.get("tools") or []
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                raise BadRequest(
+                    "tools: a list of {type: function, function: {name, description, parameters}}"
+                )
+            tools = [t.get("function", t) for t in tools]
             turn, reply = await gateway.chat(key, messages, tools, sampling_of(body))
             rid = f"chatcmpl-{uuid.uuid4().hex[:16]}"
             if body.get("stream"):
@@ -132,13 +162,19 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
     @app.post("/v1/completions")
     async def complete(request: Request) -> Any:
         async def handle(key: str, body: dict[str, Any]) -> Any:
-            prompt = body.get("prompt")
+            if body.get("stream"):
+                raise BadRequest("stream: /v1/completions answers whole completions only")
+            prompt, vocab = body.get("prompt"), len(gateway.fmt.tokenizer)
             if isinstance(prompt, str) and prompt:
                 ids = gateway.fmt.template_ids(prompt)
-            elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            elif (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in prompt)
+            ):
                 ids = tuple(prompt)
             else:
-                raise BadRequest("prompt: a non-empty string or list of token ids")
+                raise BadRequest(f"prompt: a non-empty string or list of token ids in [0, {vocab})")
             turn = await gateway.sample(key, ids, sampling_of(body))
             text = gateway.fmt.decode(turn.completion_ids)
             n, rid = len(turn.completion_ids), f"cmpl-{uuid.uuid4().hex[:16]}"

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
+# the opening tag is optional: a template whose generation prompt opens <think> itself
+# (thinking-only models) leaves only the close in what was sampled
+_THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,8 @@ def parse_reply(text: str, finish: str, call_prefix: str) -> Reply:
             {
                 "id": f"{call_prefix}_{i}",
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)},
+                # unescaped, so a harness that sends it back renders what the model wrote
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
             }
         )
     kept.append(text[last:])

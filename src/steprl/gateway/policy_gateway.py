@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2 import TemplateError
+
 from steprl.gateway.openai_format import Reply, parse_reply
 from steprl.gateway.sessions import GatewayStats, ProvenanceError, Sample, Session, Turn, check_provenance
 from steprl.rollout.chat_format import ChatFormat
@@ -37,14 +39,25 @@ class Sampling:
 
 
 def normalise(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates take them: `content: null` (an assistant turn of tool calls
-    only) is "", a list of content parts is their text joined (images are not supported)."""
+    """Messages as chat templates take them: `developer` is `system`, `content: null` (an
+    assistant turn of tool calls only) is "", a list of text parts is their text joined; any
+    other role or part (images) is a `ValueError` (a template would drop it in silence)."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
+        role = {"developer": "system"}.get(str(m.get("role")), m.get("role"))  # OpenAI's newer name
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ValueError(
+                f"messages[{i}].role: one of system, developer, user, assistant, tool; got {role!r}"
+            )
         content = m.get("content")
         if isinstance(content, list):
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-        out.append({**m, "content": "" if content is None else content})
+            kinds = {p.get("type") for p in content if isinstance(p, Mapping)} - {"text"}
+            if kinds or not all(isinstance(p, Mapping) for p in content):
+                raise ValueError(
+                    f"messages[{i}].content: only text parts are supported, got {sorted(map(str, kinds))}"
+                )
+            content = "".join(str(p.get("text", "")) for p in content)
+        out.append({**m, "role": role, "content": "" if content is None else content})
     return out
 
 
@@ -54,9 +67,16 @@ def _seed(key: str, n: int) -> int:
 
 class Gateway:
     def __init__(
-        self, engine: Engine, fmt: ChatFormat, model_name: str, *, max_tokens_cap: int = 4096
+        self,
+        engine: Engine,
+        fmt: ChatFormat,
+        model_name: str,
+        *,
+        max_tokens_cap: int = 4096,
+        max_sessions: int = 10_000,  # the oldest session is dropped past this (a server that runs long)
     ) -> None:
-        self.engine, self.fmt, self.model_name, self.max_tokens_cap = engine, fmt, model_name, max_tokens_cap
+        self.engine, self.fmt, self.model_name = engine, fmt, model_name
+        self.max_tokens_cap, self.max_sessions = max_tokens_cap, max_sessions
         self.sessions: dict[str, Session] = {}
         self.stats = GatewayStats()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -65,8 +85,15 @@ class Gateway:
     def render(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
     ) -> tuple[int, ...]:
-        """The prompt ids of a chat call: the template's render of the messages, generation prompt on."""
-        return self.fmt.template_ids(self.fmt.render(normalise(messages), tools=tools, gen=True))
+        """The prompt ids of a chat call: the template's render of the messages, generation prompt
+        on. A template that refuses them is a `ValueError` (the harness's request, a 400)."""
+        try:
+            text = self.fmt.render(normalise(messages), tools=tools, gen=True)
+        except (TemplateError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(
+                f"the chat template cannot render these messages: {type(exc).__name__}: {exc}"
+            ) from None
+        return self.fmt.template_ids(text)
 
     async def chat(
         self,
@@ -76,47 +103,55 @@ class Gateway:
         sampling: Sampling = Sampling(),
     ) -> tuple[Turn, Reply]:
         prompt = self.render(messages, tools)
-        turn = await self.sample(key, prompt, sampling)
+        turn, n = await self._sample(key, prompt, sampling)
         text = self.fmt.decode(turn.completion_ids)
-        n = self._calls[key]
         return turn, parse_reply(text, turn.finish_reason, call_prefix=f"call_{_seed(key, 0) % 10**8}_{n}")
 
     async def sample(self, key: str, prompt: Sequence[int], sampling: Sampling) -> Turn:
         """One engine call for session `key` on exact `prompt` ids, recorded (or a loud error)."""
+        return (await self._sample(key, prompt, sampling))[0]
+
+    async def _sample(self, key: str, prompt: Sequence[int], sampling: Sampling) -> tuple[Turn, int]:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
+            if key not in self.sessions and len(self.sessions) >= self.max_sessions:
+                self.take(next(iter(self.sessions)))  # the oldest session goes: memory stays bounded
             session = self.sessions.setdefault(key, Session(key))
             first = not session.samples
             sample, appended = session.place(prompt)
             n = self._calls[key] = self._calls.get(key, 0) + 1
             stop_ids, stop_seqs = self.fmt.stop_tokens(sampling.stop)
-            room = min(sampling.max_tokens, self.max_tokens_cap)
             params = SamplingParams(
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                max_new_tokens=room,
+                max_new_tokens=min(sampling.max_tokens, self.max_tokens_cap),
                 stop_token_ids=stop_ids,
                 stop_sequences=stop_seqs,
             )
             version = self.engine.version
-            gen = await self.engine.generate(
-                tuple(prompt), params, seed=sampling.seed if sampling.seed is not None else _seed(key, n)
-            )
             try:
+                seed = sampling.seed if sampling.seed is not None else _seed(key, n)
+                gen = await self.engine.generate(tuple(prompt), params, seed=seed)
                 check_provenance(gen)
-            except ProvenanceError:
-                self.stats.provenance_errors += 1
+            except BaseException as exc:  # the engine failed or lied: the call leaves no trace
+                self.stats.provenance_errors += isinstance(exc, ProvenanceError)
                 if not sample.turns:  # the sample this call opened holds nothing
                     session.samples.remove(sample)
                     session.branches -= not first
                 raise
-            turn = Turn(tuple(prompt), gen.token_ids, gen.logprobs, version, gen.finish_reason, appended)
+            turn = Turn(
+                tuple(prompt), gen.token_ids, gen.logprobs, version, gen.finish_reason, appended, gen.versions
+            )
             sample.turns.append(turn)
             self.stats.record(turn, first_of_session=first, branched=not first and not appended)
-            return turn
+            return turn, n
 
     def take(self, key: str) -> list[Sample]:
-        """The session's samples, and the session forgotten (a harness episode is over)."""
+        """The session's samples, and the session forgotten (a harness episode is over). Refused
+        while one of its calls is in flight (its turn would be lost)."""
+        lock = self._locks.get(key)
+        if lock is not None and lock.locked():
+            raise RuntimeError(f"session {key!r} has a call in flight; take it once the call has returned")
         self._locks.pop(key, None)
         self._calls.pop(key, None)
         session = self.sessions.pop(key, None)

@@ -18,6 +18,7 @@ Every completion's ids and log-probs come from one engine call and have equal le
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -37,8 +38,10 @@ def check_provenance(gen: Generation) -> None:
         )
     if not gen.token_ids:
         raise ProvenanceError("the engine returned no tokens; nothing to record")
-    if any(lp != lp or lp > 0.0 for lp in gen.logprobs):  # NaN or a probability above 1
-        raise ProvenanceError("the engine returned a log-prob that is NaN or above 0; refusing to record")
+    if any(not math.isfinite(lp) or lp > 0.0 for lp in gen.logprobs):  # NaN, -inf, or a probability above 1
+        raise ProvenanceError(
+            "the engine returned a log-prob that is not finite or above 0; refusing to record"
+        )
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,10 @@ class Turn:
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    version: int  # the policy version that sampled it
+    version: int  # the policy version when the call started
     finish_reason: str
     appended: bool  # extended the sample's previous turn (False: the sample's first turn)
+    versions: tuple[int, ...] = ()  # each token's version, when weights changed mid-call (as `Generation`)
 
 
 @dataclass
@@ -78,10 +82,11 @@ class Session:
         """(the sample a call with `prompt_ids` continues, whether it appends to it); a new
         sample (a branch, unless it is the session's first call) when none extends exactly."""
         prompt = tuple(prompt_ids)
-        for sample in reversed(self.samples):  # the latest first: a harness usually continues it
-            done = sample.ids
-            if len(prompt) > len(done) and prompt[: len(done)] == done:
-                return sample, True
+        # the longest sample the prompt extends (a retried turn may have left a shorter one that
+        # the prompt also extends); equal ids are an exact context too (a completion continued)
+        fits = [s for s in self.samples if len(prompt) >= len(s.ids) and prompt[: len(s.ids)] == s.ids]
+        if fits:
+            return max(fits, key=lambda s: len(s.ids)), True
         sample = Sample()
         if self.samples:
             self.branches += 1

@@ -6,7 +6,8 @@ the Qwen3 test bed, Gemma-3-270M; `model.init`, LoRA), served by the run's engin
 and rendered with its chat template (a model without one, like the tiny model, is one line).
 The API key is `$STEPRL_GATEWAY_TOKEN`, or a fresh one printed at start; `<key>.<session>` keys
 a session per harness episode. Every call's exact ids and log-probs are recorded in memory
-(`Gateway.sessions`); `gateway/*` metrics go to the log on exit.
+(`Gateway.sessions`, the oldest dropped past `max_sessions`); `gateway/*` metrics go to the log
+on exit.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def serve_policy(cfg: Config, port: int, log: Callable[[str], None] = print) -> 
 
     token = os.environ.get(TOKEN_VAR) or secrets.token_urlsafe(24)
     gateway = build_gateway(cfg, log)
-    if TOKEN_VAR not in os.environ:
+    if not os.environ.get(TOKEN_VAR):
         log(f"API key (set {TOKEN_VAR} to choose it): {token}")
     log(f"serving {cfg.model.name} at http://127.0.0.1:{port}/v1 (OpenAI chat and completions API)")
     uvicorn.run(make_app(gateway, token), host="127.0.0.1", port=port, log_level="warning")
