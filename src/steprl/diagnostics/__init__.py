@@ -2,6 +2,7 @@
 
 from steprl.diagnostics.metrics import (
     env_metrics,
+    gateway_metrics,
     is_success,
     mean_of,
     reward_component_means,
@@ -37,4 +38,5 @@ __all__ = [
     "reward_component_means",
     "rollout_metrics",
     "template_metrics",
+    "gateway_metrics",
 ]

@@ -245,3 +245,28 @@ def template_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "rollout/template_checked": float(len(checked)),
         "rollout/template_mismatch_rate": bad / len(checked) if checked else 0.0,
     }
+
+
+def gateway_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """A harness env's calls through the gateway (`info["gateway_*"]`, set per episode by
+    `gateway/harness_runner.py`); none when no trajectory came through it.
+
+      gateway/calls              model calls recorded
+      gateway/exact_token_share  share of sampled tokens whose context was the session's exact ids
+      gateway/branch_rate        branches per call after a session's first
+      gateway/provenance_errors  calls failed because ids and log-probs did not match
+    """
+    through = [t.info for t in trajectories if "gateway_calls" in t.info]
+    if not through:
+        return {}
+    calls = sum(int(i["gateway_calls"]) for i in through)
+    tokens = sum(int(i["gateway_tokens"]) for i in through)
+    later = sum(max(int(i["gateway_calls"]) - 1, 0) for i in through)
+    return {
+        "gateway/calls": float(calls),
+        "gateway/exact_token_share": sum(int(i["gateway_exact_tokens"]) for i in through) / tokens
+        if tokens
+        else 1.0,
+        "gateway/branch_rate": sum(int(i["gateway_branches"]) for i in through) / later if later else 0.0,
+        "gateway/provenance_errors": float(sum(int(i["gateway_provenance_errors"]) for i in through)),
+    }

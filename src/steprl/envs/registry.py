@@ -6,8 +6,9 @@
 1. a registered name: a built-in (`_builtin_specs`, the only place the core imports
    `envs/library/*`) or one added with `register`, e.g. by a `--plugin` module;
 2. a family, whose spec is built from the env's params (`FAMILIES`): ``gym`` (any Gymnasium
-   id), ``mcp`` (any MCP server) and ``synth`` (``path``: a package `steprl synth` wrote, or
-   ``spec``: a tool-doc YAML synthesized as the run starts);
+   id), ``mcp`` (any MCP server), ``synth`` (``path``: a package `steprl synth` wrote, or
+   ``spec``: a tool-doc YAML synthesized as the run starts) and ``harness`` (a user's agent
+   harness run against the gateway, `envs/harness.py`);
 3. an import path, ``package.module:attr``, where attr is an `EnvSpec` or a zero-argument
    function returning one;
 4. a name that an installed package registers in the ``steprl.envs`` entry-point group
@@ -152,6 +153,32 @@ def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
     )
 
 
+def _harness_family(params: Mapping[str, Any]) -> EnvSpec:
+    from steprl.envs.harness import HarnessParamsError, check_run, harness_spec
+
+    path, inner = params.get("run"), params.get("tasks")
+    if not isinstance(path, str) or ":" not in path:
+        raise HarnessParamsError(
+            "env.params.run: the harness, as package.module:function (async def run(task, client) -> float)"
+        )
+    if not isinstance(inner, str) or not inner or inner == "harness":
+        raise HarnessParamsError(
+            "env.params.tasks: the env whose tasks (and demonstrations) the harness plays, e.g. calculator"
+        )
+    module_name, _, attr = path.partition(":")
+    try:
+        fn: Any = _import(module_name)
+    except Exception as exc:
+        raise HarnessParamsError(
+            f"env.params.run: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise HarnessParamsError(f"env.params.run: module {module_name!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    return harness_spec(params, check_run(fn, path), get_spec(inner, params.get("env_params") or {}))
+
+
 def _mcp_family(params: Mapping[str, Any]) -> EnvSpec:
     from steprl.envs.adapters.mcp_yaml import mcp_spec  # the mcp extra, imported when used
 
@@ -164,6 +191,7 @@ ENVS: dict[str, EnvSpec] = _builtin_specs()
 #: same params), so a Gymnasium id or an MCP server trains from YAML alone.
 FAMILIES: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {
     "gym": _gym_family,
+    "harness": _harness_family,
     "mcp": _mcp_family,
     "synth": _synth_family,
 }

@@ -6,10 +6,10 @@ importing the registry (which imports them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from steprl.envs.base import Env
 from steprl.envs.policy import Policy
@@ -17,6 +17,17 @@ from steprl.types import Task
 
 #: (split, seed, **task_params) -> tasks of split "train" | "eval" (may be infinite).
 TaskFactory = Callable[..., Iterator[Task]]
+
+
+@dataclass(frozen=True)
+class Harness:
+    """A user's agent harness: `run(task, client) -> reward`, an async function that calls the
+    policy through an OpenAI-compatible client (`client` is an `openai.AsyncOpenAI` on the
+    run's gateway) and returns the episode's reward (`envs/harness.py`)."""
+
+    run: Callable[[Task, Any], Awaitable[float]]
+    path: str  # where it was imported from (module:function), for messages
+    timeout_s: float  # an episode still running after this ends env_timeout
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,9 @@ class EnvSpec:
     replayable: bool = True
     not_replayable_because: str = ""
     split_by: Literal["prompt", "seed"] = "prompt"
+    #: set: RL and eval episodes run the harness against the gateway instead of the agent loop
+    #: (the factory and strategies still serve demonstrations and check-env)
+    harness: Harness | None = None
 
     def __post_init__(self) -> None:
         missing = {"expert", "random"} - set(self.strategies)

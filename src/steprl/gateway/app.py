@@ -22,7 +22,7 @@ from typing import Any
 from steprl.extras import require
 from steprl.gateway.anthropic_format import AnthropicRequestError, message_response, to_chat
 from steprl.gateway.openai_format import chat_chunks, chat_response, completion_response
-from steprl.gateway.policy_gateway import Gateway, Sampling
+from steprl.gateway.policy_gateway import BudgetExceeded, Gateway, Sampling
 from steprl.gateway.sessions import ProvenanceError
 
 require("fastapi", extra="serve", feature="steprl serve-policy")  # one line when the extra is missing
@@ -115,6 +115,8 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
             return await handle(key, body)
         except (BadRequest, AnthropicRequestError) as exc:
             return error(400, "invalid_request_error", str(exc))
+        except BudgetExceeded as exc:  # the harness env's turn or token budget: the episode is over
+            return error(400, "budget_exceeded", str(exc))
         except ProvenanceError as exc:  # the engine's ids and log-probs disagree: fail, record nothing
             return error(500, "provenance_error", str(exc))
         except ValueError as exc:  # a body that is not JSON, a template that refuses the messages

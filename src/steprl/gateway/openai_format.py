@@ -59,7 +59,9 @@ def parse_reply(text: str, finish: str, call_prefix: str) -> Reply:
             }
         )
     kept.append(text[last:])
-    content = "".join(kept).strip()
+    # the whitespace around a removed block goes; text with none removed stays exactly as
+    # sampled (a harness that sends it back renders the ids the model wrote)
+    content = "".join(kept).strip() if calls or think else text
     return Reply(
         content=content or (None if calls else ""),
         reasoning=reasoning,

@@ -8,7 +8,15 @@ OpenAI shape (`openai_format.parse_reply`). Calls of one session run one at a ti
 one conversation); sessions run concurrently and the engine batches them.
 
 Seeds: a request's `seed` if it has one, else one derived from the session key and the call's
-number in it, so a harness replayed with the same keys samples the same tokens.
+number in it, so a harness replayed with the same keys samples the same tokens. A session
+`open`ed with an episode seed (the harness env's episodes) draws call k's seed as the agent loop
+draws turn k's (`seeds.turn_seed`), so a harness that sends what the loop would samples what the
+loop would.
+
+`Limits` (the harness env: the run's `rollout` section) hold every call to the run's sampling
+(the temperature the learner recomputes log-probs at, whatever the request says) and budgets:
+past `max_turns` calls, or with no room left in `max_total_tokens`, a call is refused
+(`BudgetExceeded`, a 400) and its session marked `truncated`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from jinja2 import TemplateError
 
 from steprl.gateway.openai_format import Reply, parse_reply
 from steprl.gateway.sessions import GatewayStats, ProvenanceError, Sample, Session, Turn, check_provenance
+from steprl.rollout import seeds
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.engines.base import Engine, SamplingParams
 
@@ -36,6 +45,21 @@ class Sampling:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a harness env's run fixes for every call (its `rollout` section)."""
+
+    temperature: float
+    top_p: float
+    max_turns: int  # calls per session
+    max_tokens_per_turn: int
+    max_total_tokens: int  # prompt + completion
+
+
+class BudgetExceeded(ValueError):
+    """A call past the session's turn budget, or with no room left for a completion."""
 
 
 def normalise(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -79,8 +103,15 @@ class Gateway:
         self.max_tokens_cap, self.max_sessions = max_tokens_cap, max_sessions
         self.sessions: dict[str, Session] = {}
         self.stats = GatewayStats()
+        self.limits: Limits | None = None
         self._locks: dict[str, asyncio.Lock] = {}
         self._calls: dict[str, int] = {}
+        self._episode_seeds: dict[str, int] = {}
+
+    def open(self, key: str, episode_seed: int) -> None:
+        """Start session `key` as an episode: call k draws `seeds.turn_seed(episode_seed, k)`."""
+        self._episode_seeds[key] = episode_seed
+        self.sessions.setdefault(key, Session(key))
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
@@ -117,24 +148,30 @@ class Gateway:
             if key not in self.sessions and len(self.sessions) >= self.max_sessions:
                 self.take(next(iter(self.sessions)))  # the oldest session goes: memory stays bounded
             session = self.sessions.setdefault(key, Session(key))
+            room = self._room(session, key, len(prompt), min(sampling.max_tokens, self.max_tokens_cap))
             first = not session.samples
             sample, appended = session.place(prompt)
             n = self._calls[key] = self._calls.get(key, 0) + 1
             stop_ids, stop_seqs = self.fmt.stop_tokens(sampling.stop)
+            fixed = self.limits
             params = SamplingParams(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_new_tokens=min(sampling.max_tokens, self.max_tokens_cap),
+                temperature=fixed.temperature if fixed else sampling.temperature,
+                top_p=fixed.top_p if fixed else sampling.top_p,
+                max_new_tokens=room,
                 stop_token_ids=stop_ids,
                 stop_sequences=stop_seqs,
             )
             version = self.engine.version
             try:
-                seed = sampling.seed if sampling.seed is not None else _seed(key, n)
+                if key in self._episode_seeds:  # as the agent loop seeds turn n - 1
+                    seed = seeds.turn_seed(self._episode_seeds[key], n - 1)
+                else:
+                    seed = sampling.seed if sampling.seed is not None else _seed(key, n)
                 gen = await self.engine.generate(tuple(prompt), params, seed=seed)
                 check_provenance(gen)
             except BaseException as exc:  # the engine failed or lied: the call leaves no trace
                 self.stats.provenance_errors += isinstance(exc, ProvenanceError)
+                session.provenance_errors += isinstance(exc, ProvenanceError)
                 if not sample.turns:  # the sample this call opened holds nothing
                     session.samples.remove(sample)
                     session.branches -= not first
@@ -146,16 +183,40 @@ class Gateway:
             self.stats.record(turn, first_of_session=first, branched=not first and not appended)
             return turn, n
 
+    def _room(self, session: Session, key: str, prompt_len: int, asked: int) -> int:
+        """The completion's token budget; `BudgetExceeded` (the session marked truncated) when
+        the limits leave none."""
+        limits = self.limits
+        if limits is None:
+            return asked
+        room = min(asked, limits.max_tokens_per_turn, limits.max_total_tokens - prompt_len)
+        why = ""
+        if self._calls.get(key, 0) >= limits.max_turns:
+            why = f"the episode's turn budget is spent (rollout.max_turns = {limits.max_turns})"
+        elif room <= 0:
+            why = (
+                f"the prompt is {prompt_len} tokens; no room left in rollout.max_total_tokens = "
+                f"{limits.max_total_tokens}"
+            )
+        if why:
+            session.truncated = True
+            raise BudgetExceeded(why)
+        return room
+
     def take(self, key: str) -> list[Sample]:
         """The session's samples, and the session forgotten (a harness episode is over). Refused
         while one of its calls is in flight (its turn would be lost)."""
+        return self.finish(key).samples
+
+    def finish(self, key: str) -> Session:
+        """`take`, with the whole session (its branches, whether a call was refused)."""
         lock = self._locks.get(key)
         if lock is not None and lock.locked():
             raise RuntimeError(f"session {key!r} has a call in flight; take it once the call has returned")
         self._locks.pop(key, None)
         self._calls.pop(key, None)
-        session = self.sessions.pop(key, None)
-        return session.samples if session is not None else []
+        self._episode_seeds.pop(key, None)
+        return self.sessions.pop(key, None) or Session(key)
 
     def metrics(self) -> dict[str, float]:
         return self.stats.metrics()

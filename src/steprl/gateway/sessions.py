@@ -77,6 +77,8 @@ class Session:
     key: str
     samples: list[Sample] = field(default_factory=list)
     branches: int = 0
+    truncated: bool = False  # a call was refused: the turn or token budget was spent (`Limits`)
+    provenance_errors: int = 0  # calls failed for ids and log-probs that do not match
 
     def place(self, prompt_ids: Sequence[int]) -> tuple[Sample, bool]:
         """(the sample a call with `prompt_ids` continues, whether it appends to it); a new

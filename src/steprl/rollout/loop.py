@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from steprl.envs.base import Env, EnvTimeout, Transition, env_tools, maybe_await
 from steprl.envs.contract import (
@@ -177,10 +177,20 @@ def failed_group(task: Task, index: int, group_size: int, seed: int, why: str) -
     return Group(task, (failed,) * group_size)
 
 
+#: An episode the agent loop does not run (a harness env's: `gateway/harness_runner.py`):
+#: (task, the set-up, group id, episode seed) -> its trajectory. Never raises.
+EpisodeRunner = Callable[[Task, "RolloutSetup", str, int], Awaitable[Trajectory]]
+
+
+def _no_runner(task: Task) -> EpisodeRunner | None:
+    return None
+
+
 @dataclass(frozen=True)
 class RolloutSetup:
     """Everything an episode needs besides its task: how to make the env, the engine, the prompt
-    format, the context rule, how to sample and the budgets."""
+    format, the context rule, how to sample and the budgets; `runner_for` gives the runner of a
+    task whose episodes are not the agent loop's (None: the loop runs it)."""
 
     make_env: Callable[[Task], Env]
     engine: Engine
@@ -188,6 +198,7 @@ class RolloutSetup:
     rule: ContextRule
     sampling: SamplingParams
     budgets: Budgets
+    runner_for: Callable[[Task], EpisodeRunner | None] = field(default=_no_runner)
 
 
 async def rollout_groups(
@@ -201,6 +212,11 @@ async def rollout_groups(
     """
 
     async def one(task: Task, t_index: int, i: int) -> Trajectory:
+        runner = setup.runner_for(task)
+        if runner is not None:  # a harness drives this episode, through the gateway
+            return await runner(
+                task, setup, seeds.group_id(seed, t_index), seeds.episode_seed(seed, t_index, i)
+            )
         try:
             env = setup.make_env(task)
         except Exception as exc:

@@ -4,6 +4,8 @@
   loss mask that is 1 exactly on action tokens. Observation and prompt tokens never carry weight.
 * `per_step_view` (any other context rule): one sample per step, `prompt_t + a_t`, masked the same
   way, because later prompts no longer extend earlier ones.
+* `training_view` (append-only context): the packed view where every prompt extends the context
+  before it, else per step (a harness env's branched episode: `gateway/harness_runner.py`).
 
 One alignment: every per-token tuple of a `Sample` is INPUT-aligned (entry t is about
 `input_ids[t]`), because that is how the views are read and checked. What the model computes is
@@ -101,3 +103,19 @@ def per_step_view(traj: Trajectory, traj_index: int) -> list[Sample]:
             )
         )
     return out
+
+
+def extends_throughout(traj: Trajectory) -> bool:
+    """Whether every step's prompt is exactly the context before it (what `packed_view` needs)."""
+    ids: tuple[int, ...] = ()
+    for i, s in enumerate(traj.steps):
+        if i and s.prompt_ids != ids:
+            return False
+        ids = s.prompt_ids + s.action_ids + s.observation_ids
+    return bool(traj.steps)
+
+
+def training_view(traj: Trajectory, traj_index: int) -> list[Sample]:
+    """The rows of an append-only run: one packed row, or one per step where a prompt does not
+    extend the context before it (a harness that re-serialised its history: a branch)."""
+    return [packed_view(traj, traj_index)] if extends_throughout(traj) else per_step_view(traj, traj_index)

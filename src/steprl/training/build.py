@@ -28,7 +28,7 @@ from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
 from steprl.rollout.engines.hf import CurrentPolicy, HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
-from steprl.rollout.views import Sample, packed_view, per_step_view
+from steprl.rollout.views import Sample, per_step_view, training_view
 from steprl.training import env_setup, step_rewards
 from steprl.training.batching import packing_unsupported
 from steprl.training.components import Stateful
@@ -85,11 +85,17 @@ def budgets(cfg: Config) -> Budgets:
 
 
 def rollout_setup(
-    cfg: Config, engine: Engine, fmt: PromptFormat, envs: EnvPool, sampling: SamplingParams
+    cfg: Config,
+    engine: Engine,
+    fmt: PromptFormat,
+    envs: EnvPool,
+    sampling: SamplingParams,
+    run: env_setup.RunEnvs,
 ) -> RolloutSetup:
-    """The agent loop's set-up: shared by training, evaluation and `steprl eval`."""
+    """The agent loop's set-up: shared by training, evaluation and `steprl eval` (a harness
+    env's episodes run through the gateway: `run.runner_for`)."""
     rule = context_rule(cfg, fmt)
-    return RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
+    return RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg), run.runner_for())
 
 
 class NoEvalTasks(UserError):
@@ -132,6 +138,11 @@ def build(
         cfg.run.seed,
         cfg.env.source_params,
     )
+    if cfg.runtime.rollout_workers > 0 and any(e.spec.harness is not None for e in run.envs):
+        raise UserError(
+            "env harness: set runtime.rollout_workers=0; a harness runs against the trainer's engine "
+            "(rollout.max_staleness > 0 trains it asynchronously)"
+        )
     if resuming and cfg.model.lora is not None and cfg.model.name != "tiny":
         # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "pretrained"})})
@@ -150,10 +161,9 @@ def build(
     fmt = env_setup.prompt_format(cfg, policy.tokenizer)
     rule = context_rule(cfg, fmt)
     per_turn = env_setup.check_prompt_format(fmt, cfg, log)  # a chat template that fails: refused
-    # append-only context: one packed sequence per trajectory; other rules: one row per step
-    to_samples: ToSamples = (
-        (lambda t, i: [packed_view(t, i)]) if rule.append_only and not per_turn else per_step_view
-    )
+    # append-only context: one packed sequence per trajectory (per step where a harness branched);
+    # other rules: one row per step
+    to_samples: ToSamples = training_view if rule.append_only and not per_turn else per_step_view
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
     engine = engine_for(cfg, engine_model, policy.tokenizer)
@@ -229,7 +239,7 @@ def build(
         if algo.step_reward is not None
         else None
     )
-    setup = RolloutSetup(envs.make_env, engine, fmt, rule, sampling, budgets(cfg))
+    setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
     remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
     if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
         from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs

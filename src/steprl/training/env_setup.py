@@ -26,6 +26,7 @@ from steprl.hosting.backend import EnvRoute, make_backends
 from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat, PromptFormat
 from steprl.rollout.chat_format import ChatFormat
+from steprl.rollout.loop import EpisodeRunner
 from steprl.training.sources.splits import TaskSplits
 from steprl.types import Task
 
@@ -63,6 +64,10 @@ def _entry_spec(entry: EnvEntry, where: str) -> EnvSpec:
             )
         spec = with_task_file(spec, TaskFile(**tf.model_dump()))
     return spec
+
+
+def _agent_loop(task: Task) -> EpisodeRunner | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,19 @@ class RunEnvs:
 
     def weights(self) -> dict[str, float]:
         return {e.key: e.entry.weight for e in self.envs}
+
+    def runner_for(self) -> Callable[[Task], EpisodeRunner | None]:
+        """Which tasks a harness runs (`env.name: harness`): their runner, by `task.env` with
+        several envs; None for the agent loop's tasks."""
+        from steprl.gateway.harness_runner import HarnessRunner  # openai and fastapi: only when used
+
+        runners = {e.key: HarnessRunner(e.spec.harness) for e in self.envs if e.spec.harness is not None}
+        if not runners:
+            return _agent_loop
+        if not self.several:
+            only = next(iter(runners.values()))
+            return lambda task: only
+        return lambda task: runners.get(task.env)
 
     def routes(self) -> tuple[EnvRoute, ...]:
         return tuple(EnvRoute(e.key, e.entry.name, e.entry.params) for e in self.envs)

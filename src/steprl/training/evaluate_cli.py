@@ -37,8 +37,9 @@ def evaluate_checkpoint(
     engine = engine_for(cfg, model, tokenizer)  # the run's engine settings, as in training
     fmt = env_setup.prompt_format(cfg, tokenizer)
     with env_setup.env_pool(cfg) as envs:
-        setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature))
-        held_out = eval_tasks(cfg, env_setup.run_envs(cfg), tasks)
+        run = env_setup.run_envs(cfg)
+        setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature), run)
+        held_out = eval_tasks(cfg, run, tasks)
         started = time.perf_counter()
         metrics, episodes = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed))
         metrics = {**metrics, "time/eval_s": time.perf_counter() - started}  # as training logs it

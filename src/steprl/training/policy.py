@@ -24,7 +24,13 @@ from steprl.envs.deadline import take_tasks
 from steprl.envs.registry import get_spec
 from steprl.errors import UserError
 from steprl.models import qwen3_testbed, tiny
-from steprl.models.sources import DTYPES, cache_root, check_device_dtype, load_pretrained
+from steprl.models.sources import (
+    DTYPES,
+    cache_root,
+    check_device_dtype,
+    load_pretrained,
+    read_chat_template,
+)
 from steprl.rollout.loop import Budgets
 from steprl.training import env_setup as setup
 from steprl.training import sft
@@ -75,6 +81,8 @@ def warm_start_cache(cfg: Config, run: setup.RunEnvs, tasks: list[Task]) -> Warm
             "system_prompt": setup.system_prompt_mode(cfg),  # part of every demonstration's tokens
             "rollout": [cfg.rollout.context, cfg.rollout.keep_last_k, *setup.budgets(cfg)],  # shape demos
             "seed": cfg.run.seed,
+            # the tiny model's chat template (model.chat_template) shapes every demonstration's ids
+            **({"chat_template": _tiny_template(cfg)} if cfg.model.chat_template else {}),
         },
         sort_keys=True,
     )
@@ -187,7 +195,9 @@ def load_policy(
     if (cache / WARM_START_KEY).exists():
         log(f"SFT warm start: reusing {cache} ({warm.describe()})")
         cached: Any = LlamaForCausalLM.from_pretrained(cache, dtype=torch.float32)
-        return Policy(cached, PreTrainedTokenizerFast.from_pretrained(cache), f"cached SFT ({cache})")
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(cache)
+        tokenizer.chat_template = _tiny_template(cfg)  # the key holds it: the same text
+        return Policy(cached, tokenizer, f"cached SFT ({cache})")
     log(f"SFT warm start: none cached for {warm.describe()}; building {cache}")
 
     model, tokenizer = _random_tiny(cfg)
@@ -257,9 +267,15 @@ def _demo_tasks(cfg: Config, run: setup.RunEnvs) -> list[Task]:
         ) from None
 
 
+def _tiny_template(cfg: Config) -> str | None:
+    """`model.chat_template`'s text for the tiny model (whose tokenizer has none of its own)."""
+    return read_chat_template(cfg.model.chat_template) if cfg.model.chat_template else None
+
+
 def _random_tiny(cfg: Config) -> tuple[Any, Any]:
     """The tiny model of `model.tiny`, randomly initialised from `run.seed`, and its tokenizer."""
     tokenizer = tiny.build_tokenizer()
+    tokenizer.chat_template = _tiny_template(cfg)
     model = tiny.build_model(
         len(tokenizer),
         tiny.TinyModelSpec(**cfg.model.tiny.model_dump()),

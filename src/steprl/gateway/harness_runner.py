@@ -1,0 +1,190 @@
+"""A harness env's episode (`env.name: harness`, `envs/harness.py`): the user's
+`run(task, client)` against the gateway, its recorded calls turned into a trajectory.
+
+Per episode: a gateway session opened with the episode's seed (call k samples with the seed
+the agent loop gives turn k), an `openai.AsyncOpenAI` client whose API key names that session,
+talking to the gateway's real ASGI app in-process (`httpx.ASGITransport`: the HTTP API a
+harness sees, without a socket), the harness awaited within its `timeout_s`, then the session
+taken and turned into steps (`trajectory_of`):
+
+* each recorded call is a `Step`: its exact prompt ids, sampled ids and log-probs, its policy
+  version(s); within a sample, the ids between one completion and the next call's prompt end
+  (the harness's tool results and user turns) are that step's observation, never trained on;
+* a branched session (the harness re-serialised or edited its history) holds several samples,
+  whose steps follow one another: the training view packs a trajectory only where every
+  prompt extends the context before it, and takes one row per step otherwise
+  (`rollout.views.training_view`);
+* the harness's return value is the reward, on the last step. A harness that raises ends
+  `infra_failed`, one that runs past its time `env_timeout` (both counted, never trained on);
+  a call the gateway refused for the run's budgets ends it `truncated`; a harness that never
+  called the model, or returned no finite number, `infra_failed` with why.
+
+The gateway's counters are the run's `gateway/*` metrics (`HarnessRunner.metrics`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import secrets
+import traceback
+from typing import Any
+
+from steprl.envs.spec import Harness
+from steprl.gateway.policy_gateway import Gateway, Limits
+from steprl.gateway.sessions import GatewayStats, Session
+from steprl.rollout.chat_format import ChatFormat
+from steprl.rollout.loop import RolloutSetup
+from steprl.types import NOT_TRAINABLE, EndReason, Step, Task, Trajectory
+
+_BASE = "http://steprl-gateway"
+
+
+def trajectory_of(
+    session: Session, task: Task, group_id: str, reward: float, end: EndReason, info: dict[str, Any]
+) -> Trajectory:
+    """The session's calls as one trajectory (see the module docstring)."""
+    steps: list[Step] = []
+    for k, sample in enumerate(session.samples):
+        for i, turn in enumerate(sample.turns):
+            after = len(turn.prompt_ids) + len(turn.completion_ids)
+            nxt = sample.turns[i + 1].prompt_ids[after:] if i + 1 < len(sample.turns) else ()
+            steps.append(
+                Step(
+                    prompt_ids=turn.prompt_ids,
+                    action_ids=turn.completion_ids,
+                    action_logprobs=turn.logprobs,
+                    observation_ids=tuple(nxt),
+                    reward=0.0,
+                    policy_version=turn.version,
+                    info={"finish_reason": turn.finish_reason, "sample": k, "appended": turn.appended},
+                    action_versions=turn.versions if set(turn.versions) - {turn.version} else (),
+                )
+            )
+    trainable = end not in NOT_TRAINABLE
+    if steps and trainable:
+        last = steps[-1]
+        steps[-1] = Step(
+            last.prompt_ids,
+            last.action_ids,
+            last.action_logprobs,
+            last.observation_ids,
+            reward,
+            last.policy_version,
+            last.info,
+            last.action_versions,
+        )
+    turns = [(t, k) for k, sample in enumerate(session.samples) for t in sample.turns]
+    info = {
+        **info,
+        # what `diagnostics.gateway_metrics` sums into the step's gateway/* metrics
+        "gateway_calls": len(turns),
+        "gateway_branches": session.branches,
+        "gateway_tokens": sum(len(t.completion_ids) for t, _ in turns),
+        # a branched sample's first call was sampled on a re-rendered context: not exact
+        "gateway_exact_tokens": sum(len(t.completion_ids) for t, k in turns if t.appended or k == 0),
+        "gateway_provenance_errors": session.provenance_errors,
+        "samples": len(session.samples),
+    }
+    return Trajectory(task.id, group_id, task.env, tuple(steps), reward if trainable else 0.0, end, info)
+
+
+class HarnessRunner:
+    """Runs `harness` episodes on whatever engine and sampling the rollout set-up holds (RL or
+    eval): one gateway per (engine, sampling, budgets), made on first use."""
+
+    def __init__(self, harness: Harness) -> None:
+        from steprl.extras import require
+
+        require("openai", extra="llm", feature="env.name: harness")
+        require("fastapi", extra="serve", feature="env.name: harness")
+        self.harness = harness
+        self.token = secrets.token_urlsafe(16)
+        self._gateways: dict[tuple[Any, ...], tuple[Gateway, Any]] = {}
+
+    def gateway(self, setup: RolloutSetup) -> tuple[Gateway, Any]:
+        from steprl.gateway.app import make_app
+
+        if not isinstance(setup.fmt, ChatFormat):
+            raise TypeError(
+                "env harness needs a chat format to render the harness's messages: a chat model, or the "
+                "tiny model with model.format=chat and model.chat_template"
+            )
+        b, s = setup.budgets, setup.sampling
+        key = (
+            id(setup.engine),
+            s.temperature,
+            s.top_p,
+            b.max_turns,
+            b.max_tokens_per_turn,
+            b.max_total_tokens,
+        )
+        if key not in self._gateways:
+            gateway = Gateway(setup.engine, setup.fmt, "policy")
+            gateway.limits = Limits(
+                s.temperature, s.top_p, b.max_turns, b.max_tokens_per_turn, b.max_total_tokens
+            )
+            self._gateways[key] = (gateway, make_app(gateway, self.token))
+        return self._gateways[key]
+
+    def metrics(self) -> dict[str, float]:
+        """The `gateway/*` metrics over every call so far (all of this runner's gateways)."""
+        total = GatewayStats()
+        for gateway, _ in self._gateways.values():
+            for name in vars(total):
+                setattr(total, name, getattr(total, name) + getattr(gateway.stats, name))
+        return total.metrics()
+
+    async def __call__(self, task: Task, setup: RolloutSetup, group_id: str, seed: int) -> Trajectory:
+        import openai
+
+        # the SDK's own HTTP client class (openai 3 speaks httpx2, earlier ones httpx), on the
+        # gateway's ASGI app: the HTTP API a harness sees, in-process
+        http_lib = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__)
+
+        info: dict[str, Any] = {}
+        reward, end = 0.0, EndReason.ANSWERED
+        try:
+            gateway, app = self.gateway(setup)
+        except TypeError as exc:
+            return Trajectory(
+                task.id, group_id, task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": str(exc)}
+            )
+        key = f"{group_id}.{seed}"
+        gateway.open(key, seed)
+        http = openai.DefaultAsyncHttpxClient(transport=http_lib.ASGITransport(app=app), base_url=_BASE)
+        client = openai.AsyncOpenAI(
+            base_url=f"{_BASE}/v1", api_key=f"{self.token}.{key}", http_client=http, max_retries=0
+        )
+        try:
+            value = await asyncio.wait_for(self.harness.run(task, client), self.harness.timeout_s)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                end, info = (
+                    EndReason.INFRA_FAILED,
+                    {"error": f"the harness returned {value!r}, not a finite reward"},
+                )
+            else:
+                reward = float(value)
+        except TimeoutError:
+            end = EndReason.ENV_TIMEOUT
+            info = {
+                "error": f"the harness {self.harness.path} ran past timeout_s = {self.harness.timeout_s:g}"
+            }
+        except Exception as exc:  # the harness's own failure: counted, never trained on
+            end = EndReason.INFRA_FAILED
+            info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+        finally:
+            await http.aclose()
+        session = gateway.finish(key)
+        if session.truncated and end is not EndReason.ENV_TIMEOUT:  # a budget refused a call
+            if end is EndReason.INFRA_FAILED:  # the harness let the refusal raise: no reward
+                reward, info = 0.0, {"refused": info["error"]}
+            end = EndReason.TRUNCATED
+        if not session.samples and end not in NOT_TRAINABLE:
+            end, info = EndReason.INFRA_FAILED, {"error": "the harness never called the model"}
+        info |= {"turn_cap": setup.budgets.max_turns, "cut_by_cap": end is EndReason.TRUNCATED}
+        return trajectory_of(session, task, group_id, reward, end, info)
+
+
+__all__ = ["HarnessRunner", "trajectory_of"]
