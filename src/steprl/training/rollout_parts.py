@@ -40,9 +40,22 @@ def cross_policy_lag(cfg: Config) -> int:
 def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
     """An engine serving `model` with the run's settings, on `model.device`, in `model.engine_dtype`
     (e.g. bf16 generation, 2.2x faster on CPU, for an fp32 learner; "auto" keeps `model`'s
-    dtype). The engine takes `model` itself (moved and cast in place), not a copy."""
+    dtype). The engine takes `model` itself (moved and cast in place), not a copy.
+    `rollout.engine: vllm`: a `VLLMEngine` (typed as the HF engine's interface the run uses:
+    generate, update_weights, version, reset_scheduler, close)."""
     if cfg.model.engine_dtype != "auto":
         model = model.to(DTYPES[cfg.model.engine_dtype])
+    if cfg.rollout.engine == "vllm":
+        from steprl.rollout.engines.vllm_engine import VLLMEngine
+
+        vllm: Any = VLLMEngine(
+            model,
+            tokenizer,
+            python=cfg.rollout.vllm_python,
+            max_model_len=cfg.rollout.max_total_tokens,
+            seed=cfg.run.seed,
+        )
+        return vllm
     return HFEngine.with_settings(
         model,
         engine_settings(cfg),

