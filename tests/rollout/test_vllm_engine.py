@@ -85,6 +85,14 @@ def test_sampled_logprobs_are_the_learners(
     assert worst < 1e-4, worst  # measured here: about 5e-7 (docs/engines.md)
 
 
+def test_many_long_seeded_prompts_at_once(engine: VLLMEngine) -> None:
+    # more prompt tokens than one step prefills: the rest wait whole (a chunked prefill would
+    # rewind their seeded generators, which vLLM cannot do on CPU)
+    prompts = [[1, *([20 + i % 50] * 400)] for i in range(48)]
+    gens = _generate(engine, prompts, SamplingParams(max_new_tokens=4), list(range(48)))
+    assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in gens)
+
+
 def test_seeds_reproduce_and_stops_hold(engine: VLLMEngine) -> None:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     first = _generate(engine, PROMPTS, sampling, [7, 8, 9, 10])

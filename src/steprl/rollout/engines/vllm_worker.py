@@ -18,7 +18,8 @@ to the engine's socket and answers messages (plain Python values, pickled by
 * ``{"op": "abort"}``: drop every request in flight (their caller is gone); ``{"op": "stop"}``: exit.
 
 Everything runs on one thread: messages are read between engine steps, so a weight update never
-lands mid-step. Prefix caching is off: a cached prefix computed with old weights would be reused.
+lands mid-step. Prefix caching is off (a cached prefix computed with old weights would be
+reused), and so is chunked prefill (it rewinds seeded generators, which fails on CPU).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
         seed=args.seed,
         enforce_eager=True,
         enable_prefix_caching=False,
+        # a prompt prefilled in chunks rewinds its request's generator, which vLLM cannot do for
+        # a seeded request on CPU ("CPU Generator does not use offset"): whole prefills only,
+        # a step's budget large enough for many prompts (the rest wait for the next step)
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(args.max_model_len, 16384),
         logprobs_mode="processed_logprobs",
     )
     engine = llm.llm_engine
