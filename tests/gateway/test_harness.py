@@ -47,7 +47,11 @@ def fmt() -> ChatFormat:
 
 
 def _rows(traj: Trajectory) -> list[tuple[Any, ...]]:
-    return [(r.input_ids, r.loss_mask, r.old_logprobs) for r in training_view(traj, 0)]
+    return [(r.input_ids, r.loss_mask) for r in training_view(traj, 0)]
+
+
+def _logprobs(traj: Trajectory) -> torch.Tensor:
+    return torch.tensor([lp for s in traj.steps for lp in s.action_logprobs])
 
 
 def _setup(
@@ -93,7 +97,10 @@ def test_the_loop_and_a_harness_through_the_gateway_give_the_same_trajectories(f
     assert sum(len(a.steps) > 1 for a, _ in pairs) >= 6  # multi-turn episodes, not one call each
     for a, b in pairs:
         assert b.info["gateway_branches"] == 0, b.info
-        assert _rows(a) == _rows(b)  # every id, mask and engine log-prob
+        assert _rows(a) == _rows(b)  # every id and mask
+        torch.testing.assert_close(
+            _logprobs(a), _logprobs(b), atol=1e-5, rtol=0
+        )  # the engine's, batched apart
         assert a.outcome_reward == b.outcome_reward
         # the loop knows why the env ended (policy_error: too many bad actions); a harness only
         # returns the reward, so its episode ended "answered"
@@ -135,6 +142,32 @@ class _Harnesses:
         return 1.0
 
     @staticmethod
+    async def fails_after_a_refusal(task: Task, client: Any) -> float:
+        messages = [{"role": "user", "content": "go"}]
+        for _ in range(5):
+            try:
+                await client.chat.completions.create(model="m", messages=messages)
+            except Exception:
+                break
+        raise ValueError("the harness's own bug, after the budget was spent")
+
+    @staticmethod
+    async def long_prompt(task: Task, client: Any) -> float:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 600}])
+        return 1.0
+
+    @staticmethod
+    async def leaves_a_call_behind(task: Task, client: Any) -> float:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+        _LEFT.append(
+            asyncio.ensure_future(
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}])
+            )
+        )
+        return 1.0
+
+    @staticmethod
     async def talks_forever(task: Task, client: Any) -> float:
         messages = [{"role": "user", "content": "go"}]
         while True:  # the gateway refuses the call past rollout.max_turns (a 400): truncated
@@ -159,6 +192,8 @@ def _episode(fmt: ChatFormat, fn: Any, timeout: float = 10.0) -> Trajectory:
         ("hangs", EndReason.ENV_TIMEOUT, "ran past timeout_s"),
         ("never_calls", EndReason.INFRA_FAILED, "never called the model"),
         ("talks_forever", EndReason.TRUNCATED, "turn budget"),
+        ("fails_after_a_refusal", EndReason.INFRA_FAILED, "own bug"),
+        ("long_prompt", EndReason.TRUNCATED, "max_total_tokens"),
     ],
 )
 def test_a_harness_episode_ends_as_a_loop_episode_would(
@@ -169,8 +204,32 @@ def test_a_harness_episode_ends_as_a_loop_episode_would(
     assert why in str(traj.info.get("error", "")) + str(traj.info.get("refused", ""))
     if name == "talks_forever":  # the three calls the budget allows, kept and trainable
         assert len(traj.steps) == 3 and traj.trainable and extends_throughout(traj)
+        assert traj.info["cut_by_cap"]  # the turn cap cut it, as the loop records
+    if name == "long_prompt":  # a token budget cuts without the turn cap
+        assert not traj.info["cut_by_cap"]
     if not traj.trainable:
         assert traj.outcome_reward == 0.0
+
+
+_LEFT: list[Any] = []
+
+
+def test_a_call_that_outlives_its_episode_is_refused_not_recorded(fmt: ChatFormat) -> None:
+    engine = ScriptedEngine(["4</s>"] * 8, encode=lambda s: fmt.template_ids(s))
+    runner = HarnessRunner(Harness(_Harnesses.leaves_a_call_behind, "tests:leaves", 10.0))
+    setup = _setup(fmt, engine, runner, budgets=Budgets(3, 8, 512))
+
+    async def episode_then_the_stray_call() -> tuple[Trajectory, Any]:
+        groups = await rollout_groups([Task(id="t", prompt="1+1", env="harness")], 1, setup, seed=0)
+        stray = await asyncio.gather(*_LEFT, return_exceptions=True)
+        return groups[0].trajectories[0], stray[0]
+
+    traj, stray = asyncio.run(episode_then_the_stray_call())
+    assert traj.end is EndReason.ANSWERED and traj.info["gateway_calls"] in (1, 2)  # (2: it got in first)
+    if traj.info["gateway_calls"] == 1:
+        assert "session_closed" in str(stray) or "is over" in str(stray)
+    gateway, _ = next(iter(runner._gateways.values()))
+    assert gateway.sessions == {}  # nothing left behind
 
 
 def test_a_branching_harness_trains_one_row_per_step(fmt: ChatFormat) -> None:

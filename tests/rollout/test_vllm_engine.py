@@ -121,7 +121,9 @@ def test_new_weights_take_effect_even_mid_request(engine: VLLMEngine, model: tor
 
     async def update_mid_request() -> Generation:
         task = asyncio.ensure_future(engine.generate(PROMPTS[0], long, seed=5))
-        await asyncio.sleep(0.5)  # a 400-token request is well under way
+        # a short request beside it: once it is back, the long one has been decoding for as
+        # many steps and is far from its 400 tokens
+        await engine.generate(PROMPTS[3], SamplingParams(max_new_tokens=4), seed=6)
         engine.update_weights(new, version=engine.version + 1)
         return await task
 
@@ -146,6 +148,14 @@ def test_new_weights_take_effect_even_mid_request(engine: VLLMEngine, model: tor
     lora_gen = _generate(engine, PROMPTS[2:3], SamplingParams(max_new_tokens=16), [4])[0]
     ref = _learner_logprobs(peft.eval(), PROMPTS[2], lora_gen, 1.0)
     assert (ref - torch.tensor(lora_gen.logprobs)).abs().max().item() < 1e-4
+    engine.update_weights(model.state_dict(), version=engine.version + 1)  # as the module began
+
+
+def test_a_request_vllm_refuses_fails_alone(engine: VLLMEngine) -> None:
+    too_long = [1, *([20] * 600)]  # past max_model_len (512)
+    with pytest.raises(RuntimeError, match="rollout.engine=vllm"):
+        _generate(engine, [too_long], SamplingParams(max_new_tokens=4), [0])
+    assert len(_generate(engine, PROMPTS[:1], SamplingParams(max_new_tokens=4), [0])[0].token_ids) > 0
 
 
 def test_a_model_vllm_cannot_serve_on_cpu_is_one_line(tokenizer: Any) -> None:
@@ -154,7 +164,7 @@ def test_a_model_vllm_cannot_serve_on_cpu_is_one_line(tokenizer: Any) -> None:
     )  # head_dim 24
     with pytest.raises(VLLMStartError, match="head_dim of 32 or more"):
         VLLMEngine(narrow, tokenizer, python=str(vllm_python()), max_model_len=128)
-    with pytest.raises(VLLMStartError, match="make .venv-vllm"):
+    with pytest.raises(VLLMStartError, match="make vllm-venv"):
         VLLMEngine(narrow, tokenizer, python="/nonexistent/python", max_model_len=128)
 
 

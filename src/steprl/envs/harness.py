@@ -15,7 +15,7 @@ reward, and the recorded calls become the trajectory that trains.
         run: my_pkg.agent:run        # async def run(task, client) -> float (import path)
         tasks: calculator            # the env whose tasks (and demonstrations) the harness plays
         env_params: {}               # that env's env.params
-        timeout_s: 120               # an episode still running after this ends env_timeout
+        timeout_s: 300               # an episode still running after this ends env_timeout
       task_params: {}                # that env's task parameters
 
 `tasks` names any env (`env.name` forms: a built-in, a family, an import path): its task
@@ -68,9 +68,9 @@ def harness_spec(params: Mapping[str, Any], run: Callable[..., Any], inner: EnvS
     timeout = params.get("timeout_s", 300)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise HarnessParamsError(f"env.params.timeout_s: seconds above 0, got {timeout!r}")
-    env_params = params.get("env_params") or {}
-    if not isinstance(env_params, Mapping):
-        raise HarnessParamsError(f"env.params.env_params: a mapping (the env's params), got {env_params!r}")
+    given = params.get("env_params") or {}
+    if not isinstance(given, Mapping):
+        raise HarnessParamsError(f"env.params.env_params: a mapping (the env's params), got {given!r}")
 
     def factory(
         run: str | None = None,
@@ -79,7 +79,7 @@ def harness_spec(params: Mapping[str, Any], run: Callable[..., Any], inner: EnvS
         timeout_s: float | None = None,
     ) -> Env:
         # the env the harness plays, for demonstrations and check-env: RL episodes run the harness
-        return inner.factory(**dict(env_params or {}))
+        return inner.factory(**dict(given if env_params is None else env_params))
 
     return EnvSpec(
         name="harness",

@@ -22,7 +22,7 @@ from typing import Any
 from steprl.extras import require
 from steprl.gateway.anthropic_format import AnthropicRequestError, message_response, to_chat
 from steprl.gateway.openai_format import chat_chunks, chat_response, completion_response
-from steprl.gateway.policy_gateway import BudgetExceeded, Gateway, Sampling
+from steprl.gateway.policy_gateway import BudgetExceeded, Gateway, Sampling, SessionClosed
 from steprl.gateway.sessions import ProvenanceError
 
 require("fastapi", extra="serve", feature="steprl serve-policy")  # one line when the extra is missing
@@ -80,8 +80,10 @@ def sampling_of(body: Mapping[str, Any]) -> Sampling:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
         raise BadRequest(f"seed: an integer in [0, 2**63), got {seed!r}")
-    limit = body.get("max_completion_tokens", body.get("max_tokens", 256))
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1 << 20:
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1 << 20
+    ):
         raise BadRequest(f"max_tokens: an integer in [1, {1 << 20}], got {limit!r}")
     return Sampling(
         temperature=number("temperature", 1.0, 0.0, 2.0),
@@ -117,6 +119,8 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
             return error(400, "invalid_request_error", str(exc))
         except BudgetExceeded as exc:  # the harness env's turn or token budget: the episode is over
             return error(400, "budget_exceeded", str(exc))
+        except SessionClosed as exc:
+            return error(400, "session_closed", str(exc))
         except ProvenanceError as exc:  # the engine's ids and log-probs disagree: fail, record nothing
             return error(500, "provenance_error", str(exc))
         except ValueError as exc:  # a body that is not JSON, a template that refuses the messages

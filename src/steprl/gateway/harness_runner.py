@@ -33,7 +33,7 @@ from typing import Any
 
 from steprl.envs.spec import Harness
 from steprl.gateway.policy_gateway import Gateway, Limits
-from steprl.gateway.sessions import GatewayStats, Session
+from steprl.gateway.sessions import GatewayStats, Session, Turn
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.loop import RolloutSetup
 from steprl.types import NOT_TRAINABLE, EndReason, Step, Task, Trajectory
@@ -44,50 +44,42 @@ _BASE = "http://steprl-gateway"
 def trajectory_of(
     session: Session, task: Task, group_id: str, reward: float, end: EndReason, info: dict[str, Any]
 ) -> Trajectory:
-    """The session's calls as one trajectory (see the module docstring)."""
-    steps: list[Step] = []
+    """The session's calls as one trajectory, in the order the harness made them (see the module
+    docstring)."""
+    turns: list[tuple[Turn, int, tuple[int, ...]]] = []  # (call, its sample, its observation ids)
     for k, sample in enumerate(session.samples):
         for i, turn in enumerate(sample.turns):
             after = len(turn.prompt_ids) + len(turn.completion_ids)
             nxt = sample.turns[i + 1].prompt_ids[after:] if i + 1 < len(sample.turns) else ()
-            steps.append(
-                Step(
-                    prompt_ids=turn.prompt_ids,
-                    action_ids=turn.completion_ids,
-                    action_logprobs=turn.logprobs,
-                    observation_ids=tuple(nxt),
-                    reward=0.0,
-                    policy_version=turn.version,
-                    info={"finish_reason": turn.finish_reason, "sample": k, "appended": turn.appended},
-                    action_versions=turn.versions if set(turn.versions) - {turn.version} else (),
-                )
-            )
+            turns.append((turn, k, tuple(nxt)))
+    turns.sort(key=lambda t: t[0].call)
     trainable = end not in NOT_TRAINABLE
-    if steps and trainable:
-        last = steps[-1]
-        steps[-1] = Step(
-            last.prompt_ids,
-            last.action_ids,
-            last.action_logprobs,
-            last.observation_ids,
-            reward,
-            last.policy_version,
-            last.info,
-            last.action_versions,
+    steps = tuple(
+        Step(
+            prompt_ids=turn.prompt_ids,
+            action_ids=turn.completion_ids,
+            action_logprobs=turn.logprobs,
+            observation_ids=obs,
+            # the harness's reward, on its last call
+            reward=reward if trainable and j == len(turns) - 1 else 0.0,
+            policy_version=turn.version,
+            info={"finish_reason": turn.finish_reason, "sample": k, "appended": turn.appended},
+            action_versions=turn.versions if set(turn.versions) - {turn.version} else (),
         )
-    turns = [(t, k) for k, sample in enumerate(session.samples) for t in sample.turns]
+        for j, (turn, k, obs) in enumerate(turns)
+    )
     info = {
         **info,
         # what `diagnostics.gateway_metrics` sums into the step's gateway/* metrics
         "gateway_calls": len(turns),
         "gateway_branches": session.branches,
-        "gateway_tokens": sum(len(t.completion_ids) for t, _ in turns),
+        "gateway_tokens": sum(len(t.completion_ids) for t, _, _ in turns),
         # a branched sample's first call was sampled on a re-rendered context: not exact
-        "gateway_exact_tokens": sum(len(t.completion_ids) for t, k in turns if t.appended or k == 0),
+        "gateway_exact_tokens": sum(len(t.completion_ids) for t, k, _ in turns if t.appended or k == 0),
         "gateway_provenance_errors": session.provenance_errors,
         "samples": len(session.samples),
     }
-    return Trajectory(task.id, group_id, task.env, tuple(steps), reward if trainable else 0.0, end, info)
+    return Trajectory(task.id, group_id, task.env, steps, reward if trainable else 0.0, end, info)
 
 
 class HarnessRunner:
@@ -148,42 +140,46 @@ class HarnessRunner:
         try:
             gateway, app = self.gateway(setup)
         except TypeError as exc:
-            return Trajectory(
-                task.id, group_id, task.env, (), 0.0, EndReason.INFRA_FAILED, {"error": str(exc)}
-            )
+            failed = EndReason.INFRA_FAILED
+            return Trajectory(task.id, group_id, task.env, (), 0.0, failed, {"error": str(exc)})
         key = f"{group_id}.{seed}"
         gateway.open(key, seed)
         http = openai.DefaultAsyncHttpxClient(transport=http_lib.ASGITransport(app=app), base_url=_BASE)
         client = openai.AsyncOpenAI(
             base_url=f"{_BASE}/v1", api_key=f"{self.token}.{key}", http_client=http, max_retries=0
         )
+        refusal: Exception | None = None  # the harness let a budget refusal raise
         try:
             value = await asyncio.wait_for(self.harness.run(task, client), self.harness.timeout_s)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                end, info = (
-                    EndReason.INFRA_FAILED,
-                    {"error": f"the harness returned {value!r}, not a finite reward"},
-                )
+                end = EndReason.INFRA_FAILED
+                info = {"error": f"the harness returned {value!r}, not a finite reward"}
             else:
                 reward = float(value)
         except TimeoutError:
+            limit = self.harness.timeout_s
             end = EndReason.ENV_TIMEOUT
-            info = {
-                "error": f"the harness {self.harness.path} ran past timeout_s = {self.harness.timeout_s:g}"
-            }
+            info = {"error": f"the harness {self.harness.path} ran past timeout_s = {limit:g}"}
         except Exception as exc:  # the harness's own failure: counted, never trained on
             end = EndReason.INFRA_FAILED
             info = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+            refusal = exc if getattr(exc, "type", None) == "budget_exceeded" else None  # openai's error type
         finally:
+            # the episode is over whatever happened (a cancel too): later calls are refused, one
+            # in flight is waited for, the session leaves the gateway
+            session = await gateway.end(key)
             await http.aclose()
-        session = gateway.finish(key)
-        if session.truncated and end is not EndReason.ENV_TIMEOUT:  # a budget refused a call
-            if end is EndReason.INFRA_FAILED:  # the harness let the refusal raise: no reward
-                reward, info = 0.0, {"refused": info["error"]}
+        if session.refused and (end is EndReason.ANSWERED or refusal is not None):
+            # a call past the run's budget: the episode was cut, as the loop cuts one (no reward
+            # when the harness let the refusal raise); any other failure stays a failure
+            reward = reward if refusal is None else 0.0
+            info = {"refused": info["error"]} if refusal is not None else info
             end = EndReason.TRUNCATED
-        if not session.samples and end not in NOT_TRAINABLE:
-            end, info = EndReason.INFRA_FAILED, {"error": "the harness never called the model"}
-        info |= {"turn_cap": setup.budgets.max_turns, "cut_by_cap": end is EndReason.TRUNCATED}
+        if not session.samples and (end not in NOT_TRAINABLE or refusal is not None):
+            why = f"no call fit the run's budgets: {info['refused']}" if refusal is not None else ""
+            end, info = EndReason.INFRA_FAILED, {"error": why or "the harness never called the model"}
+        # the turn cap, as the loop records it (a token budget cuts an episode without the cap)
+        info |= {"turn_cap": setup.budgets.max_turns, "cut_by_cap": session.refused == "turns"}
         return trajectory_of(session, task, group_id, reward, end, info)
 
 

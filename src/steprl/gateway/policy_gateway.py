@@ -16,13 +16,15 @@ loop would.
 `Limits` (the harness env: the run's `rollout` section) hold every call to the run's sampling
 (the temperature the learner recomputes log-probs at, whatever the request says) and budgets:
 past `max_turns` calls, or with no room left in `max_total_tokens`, a call is refused
-(`BudgetExceeded`, a 400) and its session marked `truncated`.
+(`BudgetExceeded`, a 400) and the session says which budget (`Session.refused`). An episode's
+session is `end`ed: calls that outlive the episode are refused (`SessionClosed`, a 400).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +44,7 @@ class Sampling:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    max_tokens: int = 256
+    max_tokens: int | None = None  # None: the per-turn budget of `Limits`, else 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
 
@@ -60,6 +62,10 @@ class Limits:
 
 class BudgetExceeded(ValueError):
     """A call past the session's turn budget, or with no room left for a completion."""
+
+
+class SessionClosed(ValueError):
+    """A call on a session whose episode is over (a harness's call that outlived its episode)."""
 
 
 def normalise(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -107,6 +113,7 @@ class Gateway:
         self._locks: dict[str, asyncio.Lock] = {}
         self._calls: dict[str, int] = {}
         self._episode_seeds: dict[str, int] = {}
+        self._closed: deque[str] = deque(maxlen=max_sessions)  # episodes over: later calls refused
 
     def open(self, key: str, episode_seed: int) -> None:
         """Start session `key` as an episode: call k draws `seeds.turn_seed(episode_seed, k)`."""
@@ -147,8 +154,13 @@ class Gateway:
         async with lock:
             if key not in self.sessions and len(self.sessions) >= self.max_sessions:
                 self.take(next(iter(self.sessions)))  # the oldest session goes: memory stays bounded
+            if key in self._closed:
+                raise SessionClosed(f"session {key!r} is over (its episode ended); this call is not recorded")
             session = self.sessions.setdefault(key, Session(key))
-            room = self._room(session, key, len(prompt), min(sampling.max_tokens, self.max_tokens_cap))
+            asked = sampling.max_tokens
+            if asked is None:
+                asked = self.limits.max_tokens_per_turn if self.limits else 256
+            room = self._room(session, key, len(prompt), min(asked, self.max_tokens_cap))
             first = not session.samples
             sample, appended = session.place(prompt)
             n = self._calls[key] = self._calls.get(key, 0) + 1
@@ -177,31 +189,48 @@ class Gateway:
                     session.branches -= not first
                 raise
             turn = Turn(
-                tuple(prompt), gen.token_ids, gen.logprobs, version, gen.finish_reason, appended, gen.versions
+                tuple(prompt),
+                gen.token_ids,
+                gen.logprobs,
+                version,
+                gen.finish_reason,
+                appended,
+                gen.versions,
+                call=n,
             )
             sample.turns.append(turn)
             self.stats.record(turn, first_of_session=first, branched=not first and not appended)
             return turn, n
 
     def _room(self, session: Session, key: str, prompt_len: int, asked: int) -> int:
-        """The completion's token budget; `BudgetExceeded` (the session marked truncated) when
-        the limits leave none."""
+        """The completion's token budget; `BudgetExceeded` (and `session.refused` set) when the
+        limits leave none."""
         limits = self.limits
         if limits is None:
             return asked
         room = min(asked, limits.max_tokens_per_turn, limits.max_total_tokens - prompt_len)
-        why = ""
         if self._calls.get(key, 0) >= limits.max_turns:
-            why = f"the episode's turn budget is spent (rollout.max_turns = {limits.max_turns})"
-        elif room <= 0:
-            why = (
+            session.refused = "turns"
+            raise BudgetExceeded(
+                f"the episode's turn budget is spent (rollout.max_turns = {limits.max_turns})"
+            )
+        if room <= 0:
+            session.refused = "tokens"
+            raise BudgetExceeded(
                 f"the prompt is {prompt_len} tokens; no room left in rollout.max_total_tokens = "
                 f"{limits.max_total_tokens}"
             )
-        if why:
-            session.truncated = True
-            raise BudgetExceeded(why)
         return room
+
+    async def end(self, key: str) -> Session:
+        """An episode's session, once over: later calls on it are refused (`SessionClosed`), a
+        call still in flight is waited for (its turn is kept), then the session is taken."""
+        self._closed.append(key)
+        lock = self._locks.get(key)
+        if lock is not None:
+            async with lock:
+                pass
+        return self.finish(key)
 
     def take(self, key: str) -> list[Sample]:
         """The session's samples, and the session forgotten (a harness episode is over). Refused

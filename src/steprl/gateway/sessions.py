@@ -55,6 +55,7 @@ class Turn:
     finish_reason: str
     appended: bool  # extended the sample's previous turn (False: the sample's first turn)
     versions: tuple[int, ...] = ()  # each token's version, when weights changed mid-call (as `Generation`)
+    call: int = 0  # the call's number in its session (1, 2, ...): the order the harness made them
 
 
 @dataclass
@@ -77,7 +78,7 @@ class Session:
     key: str
     samples: list[Sample] = field(default_factory=list)
     branches: int = 0
-    truncated: bool = False  # a call was refused: the turn or token budget was spent (`Limits`)
+    refused: str = ""  # a call was refused: "turns" or "tokens", the budget it had spent (`Limits`)
     provenance_errors: int = 0  # calls failed for ids and log-probs that do not match
 
     def place(self, prompt_ids: Sequence[int]) -> tuple[Sample, bool]:

@@ -214,9 +214,13 @@ async def rollout_groups(
     async def one(task: Task, t_index: int, i: int) -> Trajectory:
         runner = setup.runner_for(task)
         if runner is not None:  # a harness drives this episode, through the gateway
-            return await runner(
-                task, setup, seeds.group_id(seed, t_index), seeds.episode_seed(seed, t_index, i)
-            )
+            episode = seeds.episode_seed(seed, t_index, i)
+            try:
+                return await runner(task, setup, seeds.group_id(seed, t_index), episode)
+            except Exception as exc:  # a runner bug: counted, never trained on, the batch goes on
+                why = {"error": f"the episode runner failed: {type(exc).__name__}: {exc}"}
+                gid = seeds.group_id(seed, t_index)
+                return Trajectory(task.id, gid, task.env, (), 0.0, EndReason.INFRA_FAILED, why)
         try:
             env = setup.make_env(task)
         except Exception as exc:

@@ -4,8 +4,8 @@
   loss mask that is 1 exactly on action tokens. Observation and prompt tokens never carry weight.
 * `per_step_view` (any other context rule): one sample per step, `prompt_t + a_t`, masked the same
   way, because later prompts no longer extend earlier ones.
-* `training_view` (append-only context): the packed view where every prompt extends the context
-  before it, else per step (a harness env's branched episode: `gateway/harness_runner.py`).
+* `training_view` (append-only context): the packed view, or per step for a harness env's
+  episode that branched (`gateway/harness_runner.py`).
 
 One alignment: every per-token tuple of a `Sample` is INPUT-aligned (entry t is about
 `input_ids[t]`), because that is how the views are read and checked. What the model computes is
@@ -116,6 +116,9 @@ def extends_throughout(traj: Trajectory) -> bool:
 
 
 def training_view(traj: Trajectory, traj_index: int) -> list[Sample]:
-    """The rows of an append-only run: one packed row, or one per step where a prompt does not
-    extend the context before it (a harness that re-serialised its history: a branch)."""
-    return [packed_view(traj, traj_index)] if extends_throughout(traj) else per_step_view(traj, traj_index)
+    """The rows of an append-only run: one packed row, or, for a harness's episode whose prompt
+    does not extend the context before it (it re-serialised its history: a branch), one per
+    step. The agent loop's episodes always extend: one that does not is a bug, and
+    `packed_view` says so."""
+    branched = "gateway_calls" in traj.info and not extends_throughout(traj)
+    return per_step_view(traj, traj_index) if branched else [packed_view(traj, traj_index)]

@@ -24,6 +24,7 @@ from steprl.errors import UserError
 from steprl.hosting.pool import EnvPool
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
+from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.engines.base import Engine, SamplingParams
 from steprl.rollout.engines.hf import CurrentPolicy, HFEngine
@@ -164,6 +165,11 @@ def build(
         policy.model = apply_lora(policy.model, cfg.model.lora, log)
     engine_model = plain_base(policy.model) if is_peft(policy.model) else copy.deepcopy(policy.model)
     fmt = env_setup.prompt_format(cfg, policy.tokenizer)
+    if any(e.spec.harness is not None for e in run.envs) and not isinstance(fmt, ChatFormat):
+        raise UserError(
+            "env harness renders a harness's messages with a chat template: use a chat model, or the "
+            "tiny model with model.format=chat and model.chat_template (configs/templates/tiny_chat.jinja)"
+        )
     rule = context_rule(cfg, fmt)
     per_turn = env_setup.check_prompt_format(fmt, cfg, log)  # a chat template that fails: refused
     # append-only context: one packed sequence per trajectory (per step where a harness branched);

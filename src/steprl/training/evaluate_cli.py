@@ -8,6 +8,7 @@ temperature are the config's."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,9 @@ def evaluate_checkpoint(
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     engine = engine_for(cfg, model, tokenizer)  # the run's engine settings, as in training
     fmt = env_setup.prompt_format(cfg, tokenizer)
-    with env_setup.env_pool(cfg) as envs:
+    with contextlib.ExitStack() as stack, env_setup.env_pool(cfg) as envs:
+        if hasattr(engine, "close"):  # a vLLM engine's worker process
+            stack.callback(engine.close)
         run = env_setup.run_envs(cfg)
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature), run)
         held_out = eval_tasks(cfg, run, tasks)

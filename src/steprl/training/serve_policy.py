@@ -58,5 +58,9 @@ def serve_policy(cfg: Config, port: int, log: Callable[[str], None] = print) -> 
     if not os.environ.get(TOKEN_VAR):
         log(f"API key (set {TOKEN_VAR} to choose it): {token}")
     log(f"serving {cfg.model.name} at http://127.0.0.1:{port}/v1 (OpenAI chat and completions API)")
-    uvicorn.run(make_app(gateway, token), host="127.0.0.1", port=port, log_level="warning")
+    try:
+        uvicorn.run(make_app(gateway, token), host="127.0.0.1", port=port, log_level="warning")
+    finally:
+        if hasattr(gateway.engine, "close"):  # a vLLM engine's worker process
+            gateway.engine.close()
     log(" ".join(f"{k}={v:.3f}" for k, v in gateway.metrics().items()))

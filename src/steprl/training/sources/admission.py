@@ -14,10 +14,11 @@ other env a task's shape is its env key.
 * **Admit**: the set is refilled from the stream; a candidate is admitted unless its shape's
   pass rate (the mean of its tasks' last group means, over the last `window` x `active` groups
   of that shape) is above `band[1]` (a shape the learner has mastered) or below `band[0]` (one
-  it cannot do yet), or would move the set's expected pass rate (trained tasks: their last
-  group; new ones: their shape's rate) further from the band's middle: the generator is asked
-  for the shapes still being learned, on the side the set needs, which keeps the admitted pass
-  rate inside the band from both sides. After `max_skips` refusals in a row
+  it cannot do yet), or, while the set's expected pass rate (trained tasks: their last group;
+  new ones: their shape's rate) is outside the band's middle half, would move it further out:
+  the candidate is passed over (the stream is asked for the next), so the set is refilled with
+  the shapes still being learned, on the side it needs, which keeps the admitted pass rate
+  inside the band from both sides. After `max_skips` refusals in a row
   the next candidate is admitted anyway (a stream of such shapes only must not stall the run).
 * **Logged** every step (`metrics`): `source/active`, `source/admitted`, `source/retired`,
   `source/parked`, `source/skipped` (of which `source/skipped_hard` below the band),
@@ -120,21 +121,24 @@ class AdmissionSource:
 
     def _refill(self) -> None:
         skips = 0
-        target = (self.band[0] + self.band[1]) / 2
+        low, high = self.band
+        # steer only outside the band's middle half: inside it, no candidate is passed over
+        calm = (low + (high - low) / 4, high - (high - low) / 4)
         while len(self.active) < self.size and not self.exhausted:
             task = self._pull()
             if task is None:
                 return
             rate = self.shape_rate(shape_of(task))
             outside = rate is not None and not self.band[0] <= rate <= self.band[1]
-            # steer: while the set's expected rate is off the band's middle, a shape known to
-            # push it further off waits (the set's mean is what the band is for)
+            # steer: while the set's expected rate is outside the band's middle half, a
+            # candidate of a shape known to push it further out is passed over (the set's mean
+            # is what the band is for)
             projected = self._projected()
             now = sum(projected) / len(projected) if projected else None
             wrong_way = (
                 rate is not None
                 and now is not None
-                and ((now > target and rate > now) or (now < target and rate < now))
+                and ((now > calm[1] and rate > now) or (now < calm[0] and rate < now))
             )
             if (outside or wrong_way) and skips < self.max_skips:
                 skips += 1
