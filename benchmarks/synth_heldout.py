@@ -37,10 +37,16 @@ def interval(xs: list[float]) -> str:
     return f"{m:.3f} [{m - h:.3f}, {m + h:.3f}]"
 
 
-def run_seed(seed: int, steps: int, out: Path) -> float:
+def yaml_eval_tasks(config: Path) -> int:
+    import yaml
+
+    return int(yaml.safe_load(config.read_text())["trainer"]["eval_tasks"])
+
+
+def run_seed(seed: int, steps: int, out: Path, config: Path) -> float:
     started = time.perf_counter()
     cmd = [
-        sys.executable, "-c", "from steprl.cli import main; main()", "train", str(CONFIG),
+        sys.executable, "-c", "from steprl.cli import main; main()", "train", str(config),
         "--set", f"run.seed={seed}", "--set", f"run.output_dir={out}", "--set", f"run.name=seed{seed}",
         "--set", f"trainer.total_steps={steps}", "--set", "logging.progress=false",
     ]  # fmt: skip
@@ -61,14 +67,14 @@ def curves(out: Path, seed: int) -> tuple[dict[int, float], dict[int, float]]:
     return held, train
 
 
-def by_shape(out: Path, seeds: list[int], first: int, last: int) -> None:
+def by_shape(out: Path, seeds: list[int], first: int, last: int, config: Path) -> None:
     """Held-out success per held-out shape, at the warm start and at the end (all seeds pooled)."""
     import pyarrow.parquet as pq
     import yaml
 
     from steprl.envs.registry import get_spec
 
-    env = yaml.safe_load(CONFIG.read_text())["env"]
+    env = yaml.safe_load(config.read_text())["env"]
     spec = get_spec("synth", env["params"])
     shape = {}
     for task in spec.tasks("eval", 0, **env.get("task_params", {})):
@@ -88,10 +94,11 @@ def by_shape(out: Path, seeds: list[int], first: int, last: int) -> None:
         print(f"  {statistics.fmean(a):.3f} -> {statistics.fmean(b):.3f}  ({len(a)} episodes)  {name}")
 
 
-def table(out: Path, seeds: list[int]) -> None:
+def table(out: Path, seeds: list[int], config: Path) -> None:
     runs = {s: curves(out, s) for s in seeds}
     steps = sorted(set.intersection(*(set(h) for h, _ in runs.values())))
-    print(f"\nheld-out success on unseen DAG shapes (seeds {seeds}; 64 eval episodes each)")
+    episodes = yaml_eval_tasks(config)
+    print(f"\nheld-out success on unseen DAG shapes (seeds {seeds}; {episodes} eval episodes each)")
     print(
         "| step | "
         + " | ".join(f"seed {s}" for s in seeds)
@@ -111,7 +118,7 @@ def table(out: Path, seeds: list[int]) -> None:
     first, last = steps[0], steps[-1]
     gains = [runs[s][0][last] - runs[s][0][first] for s in seeds]
     print(f"\nchange from step {first} to {last}: {interval(gains)}; per seed {[round(g, 3) for g in gains]}")
-    by_shape(out, seeds, first, last)
+    by_shape(out, seeds, first, last, config)
     try:
         import matplotlib
 
@@ -128,7 +135,8 @@ def table(out: Path, seeds: list[int]) -> None:
     b.set(title="train success (train shapes, T=1)", xlabel="RL step")
     a.legend(), b.legend()
     fig.tight_layout()
-    path = ROOT / "docs" / "images" / "synth_heldout.png"
+    suffix = "" if config == CONFIG else f"_{config.stem.removeprefix('synth_shop_tiny_')}"
+    path = ROOT / "docs" / "images" / f"synth_heldout{suffix}.png"
     fig.savefig(path, dpi=110)
     print(f"curves: {path.relative_to(ROOT)}")
 
@@ -139,6 +147,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "synth_heldout")
     ap.add_argument("--table", action="store_true", help="print the tables of finished runs")
+    ap.add_argument("--config", type=Path, default=CONFIG, help="a variant of the protocol's config")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,9 +158,9 @@ def main() -> None:
             ).exists():
                 print(f"seed {seed}: done before, kept")
                 continue
-            took = run_seed(seed, args.steps, args.out)
+            took = run_seed(seed, args.steps, args.out, args.config)
             print(f"seed {seed}: {took:.0f} s (SFT warm start included)", flush=True)
-    table(args.out, seeds)
+    table(args.out, seeds, args.config)
 
 
 if __name__ == "__main__":

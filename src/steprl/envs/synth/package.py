@@ -76,6 +76,36 @@ def _task(spec: SynthSpec, i: int | str, world_seed: int, c: Any) -> Task:
     )
 
 
+def _held_out(spec: SynthSpec, shapes: list[str], tasks: list[Task]) -> set[str]:
+    """`tasks.holdout_shapes` of the shapes, drawn with `tasks.seed`; with
+    `tasks.holdout_tools_seen`, only shapes whose every tool a train shape of no more calls
+    still calls (taken in the seeded order, each kept only if every held shape stays covered)."""
+    rng = random.Random(f"holdout:{spec.tasks.seed}")
+    n = max(1, math.ceil(spec.tasks.holdout_shapes * len(shapes)))
+    if not spec.tasks.holdout_tools_seen:
+        return set(rng.sample(shapes, n))
+    tools: dict[str, set[str]] = {}
+    calls: dict[str, int] = {}
+    for t in tasks:
+        tools.setdefault(t.params["shape"], set()).update(name for name, _ in t.params["plan"])
+        calls[t.params["shape"]] = len(t.params["plan"])
+
+    def covered(shape: str, held: set[str]) -> bool:
+        # by train shapes of no more calls: a run that trains on short plans only (a small
+        # model's `max_calls`) has seen every tool of the short shapes it is tested on
+        short = [s for s in shapes if s not in held and calls[s] <= calls[shape]]
+        return tools[shape] <= set().union(*(tools[s] for s in short))
+
+    held: set[str] = set()
+    for shape in rng.sample(shapes, len(shapes)):
+        if len(held) == n:
+            break
+        trial = held | {shape}
+        if all(covered(s, trial) for s in trial):
+            held = trial
+    return held
+
+
 def fresh_tasks(spec: SynthSpec, held: frozenset[str], seed: int) -> Iterator[Task]:
     """New admitted train tasks forever (new worlds, no held-out shape), a pure function of the
     spec and `seed`: what a synthesized env's train split serves after its fixed tasks, and
@@ -131,11 +161,7 @@ def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
             f"{spec.source}: no task could be made and validated; do the tools write anything?"
         )
     shapes = sorted({t.params["shape"] for t in admitted})
-    held = set(
-        random.Random(f"holdout:{spec.tasks.seed}").sample(
-            shapes, max(1, math.ceil(spec.tasks.holdout_shapes * len(shapes)))
-        )
-    )
+    held = _held_out(spec, shapes, admitted)
     if len(held) == len(shapes):
         raise SynthSpecError(
             f"{spec.source}: only {len(shapes)} task shape(s); add tools or raise tasks.max_writes"

@@ -117,6 +117,9 @@ class TaskGen:
     # digits of generated record ids (3: P482); fewer are easier for a small model to copy from
     # a result into its next call, more are harder to guess
     key_digits: int = 3
+    # held-out shapes drawn only among those whose every tool some train shape calls (a
+    # compositional split: unseen combinations of seen tools), not from all shapes
+    holdout_tools_seen: bool = False
 
 
 @dataclass(frozen=True)
