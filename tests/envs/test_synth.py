@@ -656,3 +656,25 @@ def test_key_digits_sets_how_long_ids_are() -> None:
     raw["tables"]["products"]["rows"] = 12
     with pytest.raises(SynthSpecError, match="do not fit in ids of 1 digit.*raise tasks.key_digits"):
         make_world(parse_spec({**raw, "tasks": {**raw["tasks"], "key_digits": 1}}), 0)
+
+
+def test_a_compositional_split_holds_out_only_combinations_of_taught_tools() -> None:
+    from itertools import islice
+
+    spec = get_spec(
+        "synth",
+        {"spec": str(SHIPPED[[p.stem for p in SHIPPED].index("shop")]), "holdout_tools_seen": True,
+         "holdout_shapes": 0.35, "count": 90},
+    )  # fmt: skip
+    tasks = spec.tasks("eval", 0)
+    held, seen = {}, set()
+    for t in tasks:
+        if t.id in seen:
+            break  # the eval split cycles its fixed tasks
+        seen.add(t.id)
+        held[t.params["shape"]] = t.params["plan"]
+    train = list(islice(spec.tasks("train", 0), 600))
+    assert held and not set(held) & {t.params["shape"] for t in train}
+    for plan in held.values():  # every tool of a held-out shape: called by a train shape as short
+        taught = {n for t in train if len(t.params["plan"]) <= len(plan) for n, _ in t.params["plan"]}
+        assert {n for n, _ in plan} <= taught
