@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from steprl.envs.base import Env
@@ -81,19 +82,13 @@ def harness_spec(params: Mapping[str, Any], run: Callable[..., Any], inner: EnvS
         # the env the harness plays, for demonstrations and check-env: RL episodes run the harness
         return inner.factory(**dict(given if env_params is None else env_params))
 
-    return EnvSpec(
+    # the env's own spec (its tasks, strategies and check-env rules), named harness, with the
+    # harness that runs its RL and eval episodes
+    return replace(
+        inner,
         name="harness",
         factory=factory,
-        tasks=inner.tasks,
-        strategies=inner.strategies,
-        max_turns=inner.max_turns,
         description=f"the harness {params['run']} over the tasks of {inner.name}",
-        stochastic=inner.stochastic,
-        min_expert_success=inner.min_expert_success,
-        expert_seeds=inner.expert_seeds,
-        replayable=inner.replayable,
-        not_replayable_because=inner.not_replayable_because,
-        split_by=inner.split_by,
         harness=Harness(run=run, path=str(params["run"]), timeout_s=float(timeout)),
     )
 

@@ -28,7 +28,7 @@ import torch
 from steprl.rollout.engines.base import Generation, SamplingParams
 from steprl.rollout.engines.decode import Request, RunningBatch
 from steprl.rollout.engines.kv_cache import engine_cache, preloadable
-from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
+from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
 from steprl.rollout.engines.prefix_cache import PrefixCache
 from steprl.rollout.engines.sampling import request_uniforms, sample_from_logits
 from steprl.rollout.engines.snapshots import CrossPolicy, Snapshots, draw_lags
@@ -158,13 +158,7 @@ class HFEngine:
         """
         if self.snapshots is not None and version != self._version:
             self.snapshots.rotate(self.model, self._version)
-        if isinstance(state_dict, AdapterUpdate):
-            if self._lora is None:
-                self._lora = LoraMerger(self.model)
-            self._lora.apply(state_dict)
-        else:
-            self.model.load_state_dict(state_dict)
-            self._lora = None  # new base weights: a later adapter update merges into these
+        self._lora = load_update(self.model, state_dict, self._lora)
         self._version = version
         if self._prefix is not None:  # keys and values of the old weights
             self._prefix.clear()

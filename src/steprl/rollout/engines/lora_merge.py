@@ -17,6 +17,7 @@ engines (in-process, or on Ray rollout workers: it pickles) apply it. It needs n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -113,4 +114,18 @@ class LoraMerger:
         return module
 
 
-__all__ = ["AdapterUpdate", "LoraDelta", "LoraMergeError", "LoraMerger"]
+def load_update(
+    model: torch.nn.Module, update: Mapping[str, torch.Tensor] | AdapterUpdate, merger: LoraMerger | None
+) -> LoraMerger | None:
+    """New weights into an engine's plain `model`: a full state dict replaces them (no merger
+    after it: later adapters merge into these), an `AdapterUpdate` is merged from W0 by `merger`
+    (made at the first one). Returns the merger the engine keeps."""
+    if isinstance(update, AdapterUpdate):
+        merger = merger if merger is not None else LoraMerger(model)
+        merger.apply(update)
+        return merger
+    model.load_state_dict(update)
+    return None
+
+
+__all__ = ["AdapterUpdate", "LoraDelta", "LoraMergeError", "LoraMerger", "load_update"]

@@ -41,7 +41,7 @@ import torch
 
 from steprl.errors import UserError
 from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger
+from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -215,13 +215,7 @@ class VLLMEngine:
     def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
         """New weights into the plain copy (a full state dict, or LoRA adapters merged), then into
         the running vLLM model between two decode steps; returns once vLLM holds them."""
-        if isinstance(state_dict, AdapterUpdate):
-            if self._lora is None:
-                self._lora = LoraMerger(self.model)
-            self._lora.apply(state_dict)
-        else:
-            self.model.load_state_dict(state_dict)
-            self._lora = None
+        self._lora = load_update(self.model, state_dict, self._lora)
         from safetensors.torch import save_file
 
         path = self.workdir / f"weights-{version}.safetensors"
