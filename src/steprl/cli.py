@@ -240,22 +240,37 @@ def synth_cmd(
     writer_url: str | None = typer.Option(
         None, help="An OpenAI-compatible endpoint (…/v1) whose model writes `template: written` tools' code."
     ),
-    writer_model: str | None = typer.Option(None, help="The writer's model name at --writer-url."),
+    writer_model: str | None = typer.Option(
+        None,
+        help="The writer's model: its name at --writer-url, or what model.name takes with --writer-engine.",
+    ),
     writer_key_env: str = typer.Option("", help="The environment variable holding the writer's API key."),
+    writer_engine: str | None = typer.Option(
+        None, help="hf or vllm: serve --writer-model with a steprl engine in this process (no endpoint)."
+    ),
 ) -> None:
     """Synthesize an env package from tool documentation: a typed state, tools over it, tasks
     from walks over the tools' dependency graph with a golden final state, each validated (its
     reference plan reaches the golden state; do-nothing, read-only, read-free and write-everything
     probes do not) before admission. Train on it with env.name: synth, env.params: {path: OUT}."""
+    from steprl.envs.synth.engine_chat import engine_chat_from
     from steprl.envs.synth.package import load_package, write_package
-    from steprl.envs.synth.writer import ToolWriter
+    from steprl.envs.synth.writer import EngineWriter, ToolWriter, Writer
     from steprl.errors import UserError
 
-    if (writer_url is None) != (writer_model is None):
+    if (writer_url is None and writer_engine is None) != (writer_model is None) or (
+        writer_url and writer_engine
+    ):
         raise UserError(
-            "--writer-url and --writer-model go together: the endpoint and the model that writes code"
+            "--writer-model goes with either --writer-url (an OpenAI-compatible endpoint) or --writer-engine "
+            "(hf or vllm: the model in this process), not both"
         )
-    writer = ToolWriter(writer_url, writer_model, writer_key_env) if writer_url and writer_model else None
+    writer: Writer | None = None
+    if writer_url and writer_model:
+        writer = ToolWriter(writer_url, writer_model, writer_key_env)
+    elif writer_engine and writer_model:
+        raw = {"engine": writer_engine, "model": writer_model}
+        writer = EngineWriter(engine_chat_from(raw, "--writer", UserError))
     report = write_package(spec, out, writer)
     console.print(
         f"{out}: {report.admitted} tasks admitted of {report.generated} generated "

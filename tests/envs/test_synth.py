@@ -293,13 +293,58 @@ def test_admission_replaces_mastered_tasks_live_and_skips_mastered_shapes() -> N
         skill[shape_of(task)] = min(1.0, s + 0.1)
         rates.append(source.metrics())
     last = rates[-1]
-    assert (
-        last["source/active"] == 8
-        and last["source/retired"] > 8
-        and last["source/admitted"] == 8 + last["source/retired"]
-    )
+    admitted = last["source/active"] - last["source/probation"]  # on probation: not admitted yet
+    assert last["source/active"] == 8 and last["source/retired"] > 8
+    assert last["source/admitted"] == admitted + last["source/retired"] + last["source/parked"]
     assert last["source/skipped"] > 0  # shapes above the band were not asked for again
     assert all("source/pass_rate" in m for m in rates[8:])
+
+
+def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
+    """A learner that solves a given task always, never or sometimes (by its id): a task is
+    admitted on its first group inside the band, rejected otherwise, so the admitted pass rate is
+    in the band from the first group on."""
+    from steprl.config import ConfigError
+    from steprl.training.sources import TaskSplits, make_source
+    from steprl.training.sources.admission import AdmissionSource
+    from steprl.types import EndReason, Group, Trajectory
+
+    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
+    splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
+
+    def first_rates(probe: str) -> tuple[list[float], AdmissionSource]:
+        source = make_source("admission", splits, 0, {"active": 8, "window": 2, "probe": probe})
+        assert isinstance(source, AdmissionSource)
+        rates = []
+        for _ in range(40):
+            item = source.next()
+            assert item is not None
+            task = item[1]
+            wins = (0, 4, 4, 2)[sum(map(ord, task.id)) % 4]  # mostly always or never solved
+            trajs = tuple(
+                Trajectory(task.id, f"{task.id}-{k}", task.env, (), float(k < wins), EndReason.ANSWERED)
+                for k in range(4)
+            )
+            source.observe(Group(task, trajs))
+            if (rate := source.metrics().get("source/pass_rate")) is not None:
+                rates.append(rate)
+        return rates, source
+
+    probed, source = first_rates("all")
+    assert probed and all(r == 0.5 for r in probed)  # only the sometimes-solved ones stay
+    m = source.metrics()
+    assert m["source/rejected"] > m["source/admitted"] > 0 and m["source/retired"] == 0
+    state = source.state_dict()
+    assert set(state["probation"]) == {t.id for t in source.active} - set(state["history"])
+    unprobed, _ = first_rates("none")
+    assert any(not 0.2 <= r <= 0.8 for r in unprobed)  # without: the set as the stream gave it
+    unseen_rates, unseen = first_rates("unseen")  # the default: only shapes with no rate yet
+    assert unseen_rates[0] == 0.5 and unseen.metrics()["source/rejected"] < m["source/rejected"]
+    fresh = make_source("admission", splits, 0, {"active": 8})
+    assert isinstance(fresh, AdmissionSource)
+    assert fresh.next() is not None and len(fresh.probation) == 8  # the first set: measured
+    with pytest.raises(ConfigError, match="^env.source_params: probe: one of unseen, all, none, got 'some'$"):
+        make_source("admission", splits, 0, {"probe": "some"})
 
 
 ASKING = {"spec": str(SHIPPED[0]), "ask_user": 1.0, "user_error_rate": 0.5}
@@ -621,7 +666,9 @@ def test_admission_parks_what_the_learner_cannot_do_and_skips_shapes_below_the_b
 
     spec = get_spec("synth", {"spec": str(SHIPPED[0])})
     splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
-    source = make_source("admission", splits, 0, {"active": 4, "band": [0.2, 0.8], "window": 2})
+    # without probation: with it, a task failed on its first group is rejected, never admitted
+    params = {"active": 4, "band": [0.2, 0.8], "window": 2, "probe": "none"}
+    source = make_source("admission", splits, 0, params)
     assert isinstance(source, AdmissionSource)
     hard = None
     for _ in range(60):

@@ -1,6 +1,7 @@
 """The task-admission section: what the `admission` task source (docs/synthesis.md) logged each
 step: the live set's size, tasks admitted, retired (mastered), parked (failed every episode of
-their last groups) and skipped (their shape's pass rate outside the band),
+their last groups), skipped (their shape's pass rate outside the band) and rejected (on
+probation: their first group outside the band),
 and the admitted pass rate against the configured band, with the share of steps inside it.
 
 At most `MAX_ROWS` steps are listed (evenly spaced, the last always); the summary counts all.
@@ -21,6 +22,7 @@ KEYS = (
     "source/retired",
     "source/parked",
     "source/skipped",
+    "source/rejected",
     "source/pass_rate",
 )
 
@@ -54,6 +56,7 @@ def build(run: RunData) -> dict[str, Any]:
         )
     rated = [r for r in (_num(row, "source/pass_rate") for row in steps) if r is not None]
     inside = sum(low <= r <= high for r in rated)
-    summary = ["all", "", "", "", "", "", f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
-    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "admitted pass rate", "in band"]
+    summary = ["all", "", "", "", "", "", "", f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
+    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "rejected"]
+    columns += ["admitted pass rate", "in band"]
     return {"columns": columns, "rows": [*rows, summary], "empty": ""}

@@ -36,7 +36,7 @@ from steprl.envs.synth.spec import SynthSpec, SynthSpecError, read_yaml
 from steprl.envs.synth.templates import load_raw, parse_spec
 from steprl.envs.synth.validate import PROBES, baseline_rates, validate
 from steprl.envs.synth.world import decode_diff, encode_diff
-from steprl.envs.synth.writer import ToolWriter, check_written, write_tools
+from steprl.envs.synth.writer import Writer, check_written, write_tools
 from steprl.types import Task
 
 
@@ -203,7 +203,7 @@ SPEC = load_package(__file__)
 '''
 
 
-def write_package(source: str | Path, out: str | Path, writer: ToolWriter | None = None) -> SynthReport:
+def write_package(source: str | Path, out: str | Path, writer: Writer | None = None) -> SynthReport:
     """Synthesize from the YAML at `source` into the directory `out` (made; refused if it holds
     anything but a previous package); `writer` writes the code of `written` tools that have none."""
     source, out = Path(source), Path(out)

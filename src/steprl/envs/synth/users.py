@@ -1,5 +1,6 @@
 """The simulated user who answers `ask_user`: scripted from the task's hidden intent, or an LLM
-behind any OpenAI-compatible endpoint (vLLM, SGLang, a hosted API, a steprl gateway).
+behind any OpenAI-compatible endpoint (vLLM, SGLang, a hosted API, a steprl gateway), or an LLM
+served by a steprl engine in the env's own process (`engine: hf | vllm`, `engine_chat.py`).
 
 Either way the reply is **checked against the intent**: a reply that does not state every value
 the user has in mind (as a whole word) is a user error, marked on its step
@@ -14,6 +15,7 @@ In `env.params` of the synth family::
 
     user: {base_url: http://127.0.0.1:8000/v1, model: my-user-model, api_key_env: USER_API_KEY,
            temperature: 0.0, max_tokens: 64, timeout_s: 30}
+    user: {engine: hf, model: Qwen/Qwen3-0.6B, temperature: 0.0, max_tokens: 64}   # in-process
 
 A call that fails (endpoint down, timeout) raises: the episode ends `infra_failed`, counted and
 never trained on.
@@ -28,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from steprl.envs.synth.engine_chat import EngineChat, engine_chat_from
 from steprl.envs.synth.spec import SynthSpecError
 from steprl.extras import require
 
@@ -85,6 +88,27 @@ _SYSTEM = (
 )
 
 
+def _messages(request: str, question: str, intent: Mapping[str, Any]) -> list[dict[str, str]]:
+    wants = "; ".join(f"the {k} is {v}" for k, v in intent.items()) or "nothing more"
+    return [
+        {"role": "system", "content": _SYSTEM.format(request=request, intent=wants)},
+        {"role": "user", "content": question or "What do you have in mind?"},
+    ]
+
+
+@dataclass(frozen=True)
+class EngineUser:
+    """An LLM user served by a steprl engine in this process (no endpoint to run)."""
+
+    chat: EngineChat
+    temperature: float = 0.0
+    max_tokens: int = 64
+
+    def reply(self, request: str, question: str, intent: Mapping[str, Any]) -> str:
+        messages = _messages(request, question, intent)
+        return self.chat.complete(messages, temperature=self.temperature, max_tokens=self.max_tokens)
+
+
 @dataclass(frozen=True)
 class ChatUser:
     """An LLM user through an OpenAI-compatible `/v1/chat/completions` (the `openai` SDK)."""
@@ -100,13 +124,9 @@ class ChatUser:
         client = _client(
             self.base_url, api_key(self.api_key_env, "env.params.user.api_key_env"), self.timeout_s
         )
-        wants = "; ".join(f"the {k} is {v}" for k, v in intent.items()) or "nothing more"
         out = client.chat.completions.create(
             model=self.model,
-            messages=[
-                {"role": "system", "content": _SYSTEM.format(request=request, intent=wants)},
-                {"role": "user", "content": question or "What do you have in mind?"},
-            ],
+            messages=_messages(request, question, intent),
             temperature=self.temperature,
             max_tokens=self.max_tokens,
         )
@@ -123,12 +143,42 @@ _USER_KEYS = {
 }
 
 
+def _engine_user(raw: Mapping[str, Any]) -> EngineUser:
+    allowed = (
+        "engine",
+        "model",
+        "chat_template",
+        "dtype",
+        "vllm_python",
+        "timeout_s",
+        "temperature",
+        "max_tokens",
+    )
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise SynthSpecError(
+            f"env.params.user.{unknown[0]}: unknown with engine; allowed: {', '.join(allowed)}"
+        )
+    chat = engine_chat_from(raw, "env.params.user", SynthSpecError)
+    try:
+        temperature, max_tokens = float(raw.get("temperature", 0.0)), int(raw.get("max_tokens", 64))
+    except (TypeError, ValueError):
+        raise SynthSpecError("env.params.user: temperature must be a number, max_tokens an int") from None
+    return EngineUser(chat, temperature, max_tokens)
+
+
 def user_from_params(raw: Any) -> SimUser | None:
-    """`env.params.user` checked: None (the scripted user) or a `ChatUser`; one line per problem."""
+    """`env.params.user` checked: None (the scripted user), a `ChatUser` (an endpoint) or an
+    `EngineUser` (a steprl engine in process); one line per problem."""
     if raw is None or raw == "scripted":
         return None
     if not isinstance(raw, Mapping):
-        raise SynthSpecError(f"env.params.user: 'scripted' or a mapping with base_url and model, got {raw!r}")
+        raise SynthSpecError(
+            f"env.params.user: 'scripted', a mapping with base_url and model (an endpoint), or with engine "
+            f"and model (in process), got {raw!r}"
+        )
+    if "engine" in raw:
+        return _engine_user(raw)
     unknown = sorted(set(raw) - set(_USER_KEYS))
     if unknown:
         raise SynthSpecError(f"env.params.user.{unknown[0]}: unknown; allowed: {', '.join(_USER_KEYS)}")

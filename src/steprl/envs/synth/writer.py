@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from steprl.envs.synth.check import check_tool
+from steprl.envs.synth.engine_chat import EngineChat, PromptTooLong
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, ToolDoc
 from steprl.envs.synth.templates import parse_spec
 from steprl.envs.synth.users import api_key
@@ -43,6 +44,32 @@ def call(world, args):
 Rules: change only what the tool may change; for a key that is not in its table raise
 ToolError("no <thing> <key>") (ToolError is in scope); no imports, no I/O, no randomness; return
 a short string ({ret_rule}). Answer with the code in one ```python block."""
+
+
+class Writer(Protocol):
+    """Who writes a tool's code: `ask` answers a conversation; `attempts` answers are tried."""
+
+    @property
+    def attempts(self) -> int: ...
+
+    def ask(self, messages: list[dict[str, str]]) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineWriter:
+    """A model served by a steprl engine in this process (`engine_chat.py`; `steprl synth
+    --writer-engine hf --writer-model DIR`): no endpoint to run."""
+
+    chat: EngineChat
+    attempts: int = 3
+    temperature: float = 0.2
+    max_tokens: int = 800
+
+    def ask(self, messages: list[dict[str, str]]) -> str:
+        try:
+            return self.chat.complete(messages, temperature=self.temperature, max_tokens=self.max_tokens)
+        except PromptTooLong as exc:
+            raise SynthSpecError(f"the tool writer ({self.chat.model}): {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +153,7 @@ def _problem(raw: Mapping[str, Any], i: int, code: str, source: str) -> str | No
     return None
 
 
-def write_tools(raw: Mapping[str, Any], writer: ToolWriter | None, source: str = "<spec>") -> dict[str, Any]:
+def write_tools(raw: Mapping[str, Any], writer: Writer | None, source: str = "<spec>") -> dict[str, Any]:
     """`raw` with code for every `template: written` tool that has none, each checked; without a
     writer such a tool is one line saying how to give it code."""
     tools = raw.get("tools") if isinstance(raw, Mapping) else None
@@ -143,7 +170,8 @@ def write_tools(raw: Mapping[str, Any], writer: ToolWriter | None, source: str =
         names = [tools[i].get("name") for i in todo]
         raise SynthSpecError(
             f"tools {names}: template written with no code; write code: (def call(world, args): ...) "
-            "or pass --writer-url and --writer-model to have a model write it"
+            "or pass --writer-url and --writer-model (an endpoint) or --writer-engine and --writer-model "
+            "(a model in this process) to have a model write it"
         )
     out = {**raw, "tools": [dict(t) for t in tools]}
     for i in todo:

@@ -20,10 +20,24 @@ other env a task's shape is its env key.
   the shapes still being learned, on the side it needs, which keeps the admitted pass rate
   inside the band from both sides. After `max_skips` refusals in a row
   the next candidate is admitted anyway (a stream of such shapes only must not stall the run).
+* **Probation** (`probe`): a candidate may be admitted on what its own first group measures
+  rather than on its shape's rate: it is served once, and its first group decides. Inside the
+  band it is admitted; above or below it the task leaves at once (`source/rejected`) and the next
+  candidate takes its place. `probe: unseen` (the default) does this for candidates of a shape
+  with no rate yet, which is every candidate of the first set: nothing is known of the learner
+  before its first groups, and a set admitted blind starts wherever the stream put it. `probe:
+  all` does it for every candidate: the set is then made of tasks measured to be solved
+  sometimes, but a small model at T=1 solves most tasks always or never, so most candidates
+  are rejected, admitted tasks are soon mastered, and the admitted set runs thin (measured in
+  docs/synthesis.md). `probe: none` admits on shape rates alone. A probation group is trained
+  like any other (under GRPO a group of equal rewards has no advantage). prime-rl's difficulty
+  pools and DAPO's dynamic sampling filter the same way, per batch, after the fact; here it
+  decides what the set keeps.
 * **Logged** every step (`metrics`): `source/active`, `source/admitted`, `source/retired`,
   `source/parked`, `source/skipped` (of which `source/skipped_hard` below the band),
-  `source/pass_rate` (the active set's mean last group success: the admitted
-  pass rate, which the band is for), `source/in_band` (1 when it lies in `band`).
+  `source/probation` and `source/rejected` (with `probe`), `source/pass_rate` (the admitted
+  tasks' mean last group success: the admitted pass rate, which the band is for; tasks on
+  probation are not admitted yet), `source/in_band` (1 when it lies in `band`).
 
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
 skips them: the split is a pure function of the seed), the active tasks, each one's recent
@@ -42,6 +56,9 @@ from steprl.training.sources.splits import TaskSplits
 from steprl.training.state import task_dict, task_from_dict
 from steprl.types import Group, Task
 
+#: `probe`: which candidates are admitted on their own first group (see the module docstring)
+PROBES = ("unseen", "all", "none")
+
 
 def shape_of(task: Task) -> str:
     return str(task.params.get("shape", task.env))
@@ -57,6 +74,7 @@ class AdmissionSource:
         retire_at: float = 0.9,
         window: int = 2,
         max_skips: int = 200,
+        probe: str = "unseen",
     ) -> None:
         band = [0.2, 0.8] if band is None else list(band)
         if len(band) != 2 or not 0.0 <= band[0] < band[1] <= 1.0:
@@ -64,7 +82,9 @@ class AdmissionSource:
         low, high = float(band[0]), float(band[1])
         if active < 1 or window < 1 or max_skips < 0 or not 0.0 < retire_at <= 1.0:
             raise ValueError("active >= 1, window >= 1, max_skips >= 0 and retire_at in (0, 1]")
-        self._splits, self.seed = tasks, seed
+        if probe not in PROBES:
+            raise ValueError(f"probe: one of {', '.join(PROBES)}, got {probe!r}")
+        self._splits, self.seed, self.probe = tasks, seed, probe
         self.size, self.band, self.retire_at, self.window, self.max_skips = (
             active,
             (low, high),
@@ -79,6 +99,8 @@ class AdmissionSource:
         self.history: dict[str, deque[float]] = {}  # task id -> its last `window` group means
         self.shapes: dict[str, deque[float]] = {}  # shape -> its tasks' recent group means
         self.admitted = self.retired = self.skipped = self.parked = self.skipped_hard = 0
+        self.rejected = 0
+        self.probation: set[str] = set()  # ids of active tasks whose first group decides
         self.exhausted = False
         self._requeued: list[tuple[int, Task]] = []
 
@@ -146,7 +168,10 @@ class AdmissionSource:
                 self.skipped_hard += rate is not None and rate < self.band[0]
                 continue
             self.active.append(task)
-            self.admitted += 1
+            if self.probe == "all" or (self.probe == "unseen" and rate is None):
+                self.probation.add(task.id)
+            else:
+                self.admitted += 1
             skips = 0
 
     # -- learning from what was trained -----------------------------------------------------
@@ -161,20 +186,31 @@ class AdmissionSource:
         self.shapes.setdefault(shape_of(task), deque(maxlen=self.window * self.size)).append(mean)
         if all(t.id != task.id for t in self.active):
             return  # retired while this group was in flight: its history went with it
+        if task.id in self.probation:  # its first group: admitted inside the band, else out
+            self.probation.discard(task.id)
+            if not self.band[0] <= mean <= self.band[1]:
+                self.rejected += 1
+                self._leave(task.id)
+                return
+            self.admitted += 1
         self.history.setdefault(task.id, deque(maxlen=self.window)).append(mean)
         recent = self.history[task.id]
         mastered = len(recent) == self.window and min(recent) >= self.retire_at
         hopeless = len(recent) == self.window and max(recent) == 0.0
         if mastered or hopeless:
-            ids = [t.id for t in self.active]
-            del self.active[ids.index(task.id)]
             self.retired += mastered
             self.parked += hopeless
-            del self.history[task.id]
-            self._refill()  # replaced at once: the logged set is the one served next
+            self._leave(task.id)
+
+    def _leave(self, task_id: str) -> None:
+        ids = [t.id for t in self.active]
+        del self.active[ids.index(task_id)]
+        self.history.pop(task_id, None)
+        self._refill()  # replaced at once: the logged set is the one served next
 
     def pass_rate(self) -> float | None:
-        """The active set's mean last group success (tasks not yet trained left out)."""
+        """The admitted tasks' mean last group success (tasks not yet trained, and tasks on
+        probation, left out)."""
         last = [self.history[t.id][-1] for t in self.active if t.id in self.history]
         return sum(last) / len(last) if last else None
 
@@ -187,6 +223,9 @@ class AdmissionSource:
             "source/skipped": float(self.skipped),
             "source/skipped_hard": float(self.skipped_hard),
         }
+        if self.probe != "none":
+            out["source/probation"] = float(len(self.probation))
+            out["source/rejected"] = float(self.rejected)
         rate = self.pass_rate()
         if rate is not None:
             out["source/pass_rate"] = rate
@@ -201,7 +240,10 @@ class AdmissionSource:
             "active": [task_dict(t) for t in self.active],
             "history": {k: list(v) for k, v in self.history.items()},
             "shapes": {k: list(v) for k, v in self.shapes.items()},
-            "counts": [self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard],
+            "counts": [
+                *(self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected)
+            ],
+            "probation": sorted(self.probation),
             "exhausted": self.exhausted,
             "requeued": [(i, task_dict(t)) for i, t in self._requeued],
         }
@@ -218,9 +260,10 @@ class AdmissionSource:
         self.shapes = {
             str(k): deque(map(float, v), maxlen=self.window * self.size) for k, v in state["shapes"].items()
         }
-        counts = [*map(int, state["counts"]), 0, 0][:5]  # a checkpoint from before parking: 3 counts
-        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard = counts
+        counts = [*map(int, state["counts"]), 0, 0, 0][:6]  # older checkpoints: fewer counts
+        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected = counts
+        self.probation = {str(i) for i in state.get("probation", [])}
         self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
 
 
-__all__ = ["AdmissionSource", "shape_of"]
+__all__ = ["PROBES", "AdmissionSource", "shape_of"]

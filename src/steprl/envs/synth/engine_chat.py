@@ -1,0 +1,147 @@
+"""A chat model served by a steprl engine inside this process: what the simulated user and the
+tool writer call when they are given `engine:` (and a model) instead of an OpenAI-compatible
+endpoint, so an LLM user or writer needs no server of its own.
+
+`engine: hf` serves the model with steprl's `HFEngine`, `engine: vllm` with its `VLLMEngine` (vLLM
+in a process of its own, from the vLLM venv: `vllm_python`); `model` is what `model.name` takes
+(a Hugging Face directory, a Hub id, a `.gguf` file, `gemma-3-270m`). The messages are rendered by
+the model's chat template (`chat_template` replaces it), the reply is sampled with a seed drawn from
+the messages (the same question to the same model gets the same answer; temperature 0 is greedy)
+and decoded up to the end of its turn.
+
+The engine's `generate` is a coroutine and an env's `step` is not (the agent loop calls it on its
+own event loop), so each served model runs on an event loop of its own, in a daemon thread; one
+copy per (engine, model, template, dtype) per process, shared by every episode. A load failure is
+the model loader's one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENGINES = ("hf", "vllm")
+DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
+
+
+@dataclass(frozen=True)
+class EngineChat:
+    """A chat model on a steprl engine in this process."""
+
+    engine: str  # one of ENGINES
+    model: str  # as `model.name` takes it
+    chat_template: str = ""  # a Jinja file replacing the model's template ("" = the model's own)
+    dtype: str = "float32"
+    vllm_python: str = DEFAULT_VLLM_PYTHON
+    timeout_s: float = 120.0
+
+    def complete(self, messages: Sequence[Mapping[str, str]], *, temperature: float, max_tokens: int) -> str:
+        served = _served(self.engine, self.model, self.chat_template, self.dtype, self.vllm_python)
+        return served.complete(messages, temperature, max_tokens, self.timeout_s)
+
+
+class PromptTooLong(ValueError):
+    """The rendered conversation leaves the model no position to answer in."""
+
+
+class _Served:
+    def __init__(self, engine: Any, tokenizer: Any, positions: int) -> None:
+        self.engine, self.tokenizer, self.positions = engine, tokenizer, positions
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="steprl-engine-chat", daemon=True).start()
+
+    def complete(
+        self, messages: Sequence[Mapping[str, str]], temperature: float, max_tokens: int, timeout_s: float
+    ) -> str:
+        from steprl.rollout.engines.base import SamplingParams
+
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+        )
+        # the prompt is the template's text, tokenized once here: this model's own output is only
+        # decoded (nothing it generated is tokenized again, and it never enters a loss)
+        ids = self.tokenizer.encode(str(text), add_special_tokens=False)
+        room = self.positions - len(ids)
+        if room < 1:
+            raise PromptTooLong(
+                f"the prompt is {len(ids)} tokens and the model takes {self.positions} positions; "
+                "serve a model with a longer context"
+            )
+        sampling = SamplingParams(
+            temperature=temperature,
+            max_new_tokens=min(max_tokens, room),
+            stop_token_ids=tuple(_stop_ids(self.tokenizer)),
+        )
+        seed = zlib.crc32(repr([dict(m) for m in messages]).encode())
+        future = asyncio.run_coroutine_threadsafe(self.engine.generate(ids, sampling, seed=seed), self.loop)
+        out = future.result(timeout=timeout_s)
+        return str(self.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)).strip()
+
+
+def _stop_ids(tokenizer: Any) -> list[int]:
+    """EOS and the chat template's end-of-turn token when the tokenizer has one."""
+    ids = {tokenizer.eos_token_id}
+    for mark in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(mark)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(i for i in ids if isinstance(i, int))
+
+
+@functools.lru_cache(maxsize=4)
+def _served(engine: str, model: str, chat_template: str, dtype: str, vllm_python: str) -> _Served:
+    from steprl.models.sources import load_pretrained
+
+    loaded = load_pretrained(
+        model,
+        dtype=dtype,
+        device="cpu",
+        cache_dir=None,
+        chat_template=chat_template or None,
+        log=lambda _: None,
+    )
+    tok = loaded.tokenizer
+    positions = int(getattr(loaded.model.config, "max_position_embeddings", 2048) or 2048)
+    if engine == "vllm":
+        from steprl.rollout.engines.vllm_engine import VLLMEngine
+
+        served: Any = VLLMEngine(loaded.model, tok, python=vllm_python, max_model_len=min(positions, 4096))
+    else:
+        from steprl.rollout.engines.hf import HFEngine
+
+        served = HFEngine(loaded.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return _Served(served, tok, min(positions, 4096) if engine == "vllm" else positions)
+
+
+def engine_chat_from(raw: Mapping[str, Any], where: str, error: type[Exception]) -> EngineChat:
+    """`raw`'s engine, model, chat_template, dtype, vllm_python and timeout_s checked, one line
+    per problem (raised as `error`, naming `where`)."""
+    engine, model = raw.get("engine"), raw.get("model")
+    if engine not in ENGINES:
+        raise error(f"{where}.engine: one of {', '.join(ENGINES)}, got {engine!r}")
+    if not isinstance(model, str) or not model:
+        raise error(
+            f"{where}.model: required with engine: a Hugging Face directory, a Hub id, a .gguf file "
+            "or gemma-3-270m (what model.name takes)"
+        )
+    args: dict[str, Any] = {"engine": engine, "model": model}
+    for key in ("chat_template", "dtype", "vllm_python"):
+        if key in raw:
+            if not isinstance(raw[key], str):
+                raise error(f"{where}.{key}: must be str, got {raw[key]!r}")
+            args[key] = raw[key]
+    if "timeout_s" in raw:
+        args["timeout_s"] = float(raw["timeout_s"])
+    from steprl.models.sources import DTYPES
+
+    if args.get("dtype", "float32") not in DTYPES:
+        raise error(f"{where}.dtype: one of {', '.join(DTYPES)}, got {args['dtype']!r}")
+    return EngineChat(**args)
+
+
+__all__ = ["ENGINES", "EngineChat", "PromptTooLong", "engine_chat_from"]
