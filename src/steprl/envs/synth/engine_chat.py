@@ -23,6 +23,7 @@ import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ENGINES = ("hf", "vllm")
@@ -110,7 +111,8 @@ def _served(engine: str, model: str, chat_template: str, dtype: str, vllm_python
     if engine == "vllm":
         from steprl.rollout.engines.vllm_engine import VLLMEngine
 
-        served: Any = VLLMEngine(loaded.model, tok, python=vllm_python, max_model_len=min(positions, 4096))
+        python = str(Path(vllm_python).expanduser().absolute())  # the worker runs in a directory of its own
+        served: Any = VLLMEngine(loaded.model, tok, python=python, max_model_len=min(positions, 4096))
     else:
         from steprl.rollout.engines.hf import HFEngine
 
