@@ -23,6 +23,23 @@ from fastapi import FastAPI, Request
 
 from steprl.hosting.local_server import free_port
 
+#: A shop tool no template expresses (`template: written`, no code): what the writers are asked for.
+TRANSFER_STOCK: dict[str, Any] = {
+    "name": "transfer_stock",
+    "description": "Move units of stock from one product to another.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "from_sku": {"type": "string", "x-type": "sku"},
+            "to_sku": {"type": "string", "x-type": "sku"},
+            "qty": {"type": "integer", "x-type": "int"},
+        },
+    },
+    "writes": ["products.stock"],
+    "template": "written",
+    "phrase": "move {qty} units of stock from {from_sku} to {to_sku}",
+}
+
 CODE_FIXED = """Here it is:
 ```python
 def call(world, args):

@@ -601,28 +601,12 @@ def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp
     """`template: written` with no code: the writer (a loopback OpenAI endpoint) is asked; code
     that breaks the contract goes back as feedback; the fixed code lands in the package's
     spec.yaml and its tasks validate; a writer that never gets it right, or no writer, is one line."""
-    from openai_test_server import chat_server
+    from openai_test_server import TRANSFER_STOCK, chat_server
 
     from steprl.envs.synth.writer import ToolWriter
 
     raw = yaml.safe_load(SHIPPED[[p.stem for p in SHIPPED].index("shop")].read_text())
-    raw["tools"].append(
-        {
-            "name": "transfer_stock",
-            "description": "Move units of stock from one product to another.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "from_sku": {"type": "string", "x-type": "sku"},
-                    "to_sku": {"type": "string", "x-type": "sku"},
-                    "qty": {"type": "integer", "x-type": "int"},
-                },
-            },
-            "writes": ["products.stock"],
-            "template": "written",
-            "phrase": "move {qty} units of stock from {from_sku} to {to_sku}",
-        }
-    )
+    raw["tools"].append(dict(TRANSFER_STOCK))
     raw["tools"].append({**raw["tools"][-1], "name": "transfer_back", "description": "The same, other way."})
     raw["tasks"]["count"] = 60
     (tmp_path / "shop2.yaml").write_text(yaml.safe_dump(raw))

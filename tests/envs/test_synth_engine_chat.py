@@ -85,24 +85,10 @@ def test_an_engine_writer_from_the_plain_cli(model_dir: Path, tmp_path: Path) ->
     """`steprl synth SPEC -o DIR --writer-engine hf --writer-model DIR`: the model in process is
     asked for a `template: written` tool's code; a model that never writes code that passes the
     checks ends in one line after its attempts; the flags' misuse is one line too."""
+    from openai_test_server import TRANSFER_STOCK
+
     raw = yaml.safe_load(SHOP.read_text())
-    raw["tools"].append(
-        {
-            "name": "transfer_stock",
-            "description": "Move units of stock from one product to another.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "from_sku": {"type": "string", "x-type": "sku"},
-                    "to_sku": {"type": "string", "x-type": "sku"},
-                    "qty": {"type": "integer", "x-type": "int"},
-                },
-            },
-            "writes": ["products.stock"],
-            "template": "written",
-            "phrase": "move {qty} units of stock from {from_sku} to {to_sku}",
-        }
-    )
+    raw["tools"].append(dict(TRANSFER_STOCK))
     (tmp_path / "shop2.yaml").write_text(yaml.safe_dump(raw))
     steprl = [sys.executable, "-c", "from steprl.cli import main; main()", "synth", "shop2.yaml", "-o", "out"]
     for flags, says in (
