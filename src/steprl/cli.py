@@ -270,7 +270,7 @@ def synth_cmd(
         writer = ToolWriter(writer_url, writer_model, writer_key_env)
     elif writer_engine and writer_model:
         raw = {"engine": writer_engine, "model": writer_model}
-        writer = EngineWriter(engine_chat_from(raw, "--writer", UserError))
+        writer = EngineWriter(engine_chat_from(raw, "--writer", UserError, sep="-", timeout_s=600.0))
     report = write_package(spec, out, writer)
     console.print(
         f"{out}: {report.admitted} tasks admitted of {report.generated} generated "

@@ -305,12 +305,22 @@ def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
     admitted on its first group inside the band, rejected otherwise, so the admitted pass rate is
     in the band from the first group on."""
     from steprl.config import ConfigError
-    from steprl.training.sources import TaskSplits, make_source
+    from steprl.training.sources import TaskSplits, make_source, take
     from steprl.training.sources.admission import AdmissionSource
     from steprl.types import EndReason, Group, Trajectory
 
     spec = get_spec("synth", {"spec": str(SHIPPED[0])})
     splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
+
+    def group(task: Task, wins: int) -> Group:  # 4 episodes, the first `wins` solved
+        won = [float(k < wins) for k in range(4)]
+        return Group(
+            task,
+            tuple(
+                Trajectory(task.id, f"{task.id}-{k}", task.env, (), w, EndReason.ANSWERED)
+                for k, w in enumerate(won)
+            ),
+        )
 
     def first_rates(probe: str) -> tuple[list[float], AdmissionSource]:
         source = make_source("admission", splits, 0, {"active": 8, "window": 2, "probe": probe})
@@ -320,12 +330,7 @@ def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
             item = source.next()
             assert item is not None
             task = item[1]
-            wins = (0, 4, 4, 2)[sum(map(ord, task.id)) % 4]  # mostly always or never solved
-            trajs = tuple(
-                Trajectory(task.id, f"{task.id}-{k}", task.env, (), float(k < wins), EndReason.ANSWERED)
-                for k in range(4)
-            )
-            source.observe(Group(task, trajs))
+            source.observe(group(task, (0, 4, 4, 2)[sum(map(ord, task.id)) % 4]))  # mostly all or none
             if (rate := source.metrics().get("source/pass_rate")) is not None:
                 rates.append(rate)
         return rates, source
@@ -343,6 +348,13 @@ def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
     fresh = make_source("admission", splits, 0, {"active": 8})
     assert isinstance(fresh, AdmissionSource)
     assert fresh.next() is not None and len(fresh.probation) == 8  # the first set: measured
+    # a task on probation is not served again while its first group is out (steps in flight)
+    ahead = make_source("admission", splits, 0, {"active": 8, "probe": "all"})
+    assert isinstance(ahead, AdmissionSource)
+    first = take(ahead, 8)
+    for _, task in first[:4]:  # half come back, inside the band: admitted
+        ahead.observe(group(task, 2))
+    assert {t.id for _, t in take(ahead, 4)} == {t.id for _, t in first[:4]}
     with pytest.raises(ConfigError, match="^env.source_params: probe: one of unseen, all, none, got 'some'$"):
         make_source("admission", splits, 0, {"probe": "some"})
 

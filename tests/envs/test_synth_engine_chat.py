@@ -71,11 +71,35 @@ def test_an_engine_user_answers_in_process_and_its_mistakes_are_marked(model_dir
     expected = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
     assert expected and reply.observation == expected
 
+    # a reply past timeout_s is cancelled with one line; the engine then serves the next one
+    from steprl.envs.synth.engine_chat import EngineChat
+
+    slow = EngineChat("hf", str(model_dir), str(TEMPLATE), timeout_s=1e-4)
+    messages = _messages(task.prompt, "which value?", task.params["intent"])
+    with pytest.raises(TimeoutError, match="on engine hf gave no reply in 0.0001 s"):
+        slow.complete(messages, temperature=0.0, max_tokens=200)
+    assert (
+        EngineChat("hf", str(model_dir), str(TEMPLATE)).complete(messages, temperature=0.0, max_tokens=24)
+        == expected
+    )
+
     for bad, says in (
         ({"engine": "trt", "model": "x"}, "env.params.user.engine: one of hf, vllm, got 'trt'"),
         ({"engine": "hf"}, "env.params.user.model: required with engine"),
         ({"engine": "hf", "model": "x", "base_url": "u"}, "env.params.user.base_url: unknown with engine"),
         ({"engine": "hf", "model": "x", "dtype": "int4"}, "env.params.user.dtype: one of float32, bfloat16"),
+        (
+            {"engine": "hf", "model": "x", "timeout_s": "soon"},
+            "env.params.user.timeout_s: a number of at least",
+        ),
+        (
+            {"engine": "hf", "model": "x", "max_tokens": 6.5},
+            "env.params.user.max_tokens: an int of at least 1",
+        ),
+        (
+            {"engine": "hf", "model": "no/such-model"},
+            "env.params.user: cannot serve 'no/such-model' on engine hf",
+        ),
     ):
         with pytest.raises(SynthSpecError, match=f"^{says}"):
             get_spec("synth", {**params, "user": bad})
@@ -94,7 +118,7 @@ def test_an_engine_writer_from_the_plain_cli(model_dir: Path, tmp_path: Path) ->
     for flags, says in (
         (["--writer-engine", "hf", "--writer-model", str(model_dir)], "failed its checks 3 times"),
         (["--writer-engine", "hf"], "--writer-model goes with either --writer-url"),
-        (["--writer-engine", "tpu", "--writer-model", "m"], "--writer.engine: one of hf, vllm, got 'tpu'"),
+        (["--writer-engine", "tpu", "--writer-model", "m"], "--writer-engine: one of hf, vllm, got 'tpu'"),
     ):
         done = subprocess.run([*steprl, *flags], cwd=tmp_path, capture_output=True, text=True)
         assert done.returncode == 2 and says in done.stdout, done.stdout + done.stderr

@@ -11,14 +11,16 @@ and decoded up to the end of its turn.
 
 The engine's `generate` is a coroutine and an env's `step` is not (the agent loop calls it on its
 own event loop), so each served model runs on an event loop of its own, in a daemon thread; one
-copy per (engine, model, template, dtype) per process, shared by every episode. A load failure is
-the model loader's one line.
+copy per (engine, model, template, dtype) per process, shared by every episode. The simulated user
+loads it when the env is configured (a load failure is one line at start-up); a reply that takes
+longer than `timeout_s` is cancelled and the episode ends `infra_failed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import atexit
+import concurrent.futures
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
@@ -39,7 +41,11 @@ class EngineChat:
     chat_template: str = ""  # a Jinja file replacing the model's template ("" = the model's own)
     dtype: str = "float32"
     vllm_python: str = DEFAULT_VLLM_PYTHON
-    timeout_s: float = 120.0
+    timeout_s: float = 25.0  # under the env call's deadline (runtime.env_call_timeout_s, 30 s)
+
+    def warm(self) -> None:
+        """Load the model now (at start-up), not in the first episode's step, under its deadline."""
+        _served(self.engine, self.model, self.chat_template, self.dtype, self.vllm_python)
 
     def complete(self, messages: Sequence[Mapping[str, str]], *, temperature: float, max_tokens: int) -> str:
         served = _served(self.engine, self.model, self.chat_template, self.dtype, self.vllm_python)
@@ -51,10 +57,23 @@ class PromptTooLong(ValueError):
 
 
 class _Served:
-    def __init__(self, engine: Any, tokenizer: Any, positions: int) -> None:
-        self.engine, self.tokenizer, self.positions = engine, tokenizer, positions
+    def __init__(self, engine: Any, tokenizer: Any, positions: int, name: str) -> None:
+        self.engine, self.tokenizer, self.positions, self.name = engine, tokenizer, positions, name
         self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="steprl-engine-chat", daemon=True).start()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="steprl-engine-chat", daemon=True)
+        self.thread.start()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop the loop between two decode steps and wait for it: a daemon thread still inside a
+        forward pass when the interpreter tears down aborts the process (a reply cancelled on
+        timeout goes on decoding until its batch ends)."""
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=30)
+        closing = getattr(self.engine, "close", None)
+        if callable(closing):
+            closing()  # the vLLM worker process
 
     def complete(
         self, messages: Sequence[Mapping[str, str]], temperature: float, max_tokens: int, timeout_s: float
@@ -80,7 +99,11 @@ class _Served:
         )
         seed = zlib.crc32(repr([dict(m) for m in messages]).encode())
         future = asyncio.run_coroutine_threadsafe(self.engine.generate(ids, sampling, seed=seed), self.loop)
-        out = future.result(timeout=timeout_s)
+        try:
+            out = future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # the request leaves the engine's queue: later ones do not wait behind it
+            raise TimeoutError(f"{self.name} gave no reply in {timeout_s:g} s (timeout_s)") from None
         return str(self.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)).strip()
 
 
@@ -94,10 +117,24 @@ def _stop_ids(tokenizer: Any) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int))
 
 
-@functools.lru_cache(maxsize=4)
+_LOCK = threading.Lock()
+_SERVED: dict[tuple[str, str, str, str, str], _Served] = {}
+
+
 def _served(engine: str, model: str, chat_template: str, dtype: str, vllm_python: str) -> _Served:
+    """The one copy of this model on this engine in this process, loaded on first use: under a
+    lock, so envs asking at once load it once (an lru_cache would load it once per caller)."""
+    key = (engine, model, chat_template, dtype, vllm_python)
+    with _LOCK:
+        if key not in _SERVED:
+            _SERVED[key] = _load(*key)
+        return _SERVED[key]
+
+
+def _load(engine: str, model: str, chat_template: str, dtype: str, vllm_python: str) -> _Served:
     from steprl.models.sources import load_pretrained
 
+    # engine: hf runs on the CPU (an env's process holds no GPU of its own); vLLM on its build's device
     loaded = load_pretrained(
         model,
         dtype=dtype,
@@ -111,38 +148,53 @@ def _served(engine: str, model: str, chat_template: str, dtype: str, vllm_python
     if engine == "vllm":
         from steprl.rollout.engines.vllm_engine import VLLMEngine
 
+        positions = min(positions, 4096)
         python = str(Path(vllm_python).expanduser().absolute())  # the worker runs in a directory of its own
-        served: Any = VLLMEngine(loaded.model, tok, python=python, max_model_len=min(positions, 4096))
+        served: Any = VLLMEngine(loaded.model, tok, python=python, max_model_len=positions)
     else:
         from steprl.rollout.engines.hf import HFEngine
 
         served = HFEngine(loaded.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return _Served(served, tok, min(positions, 4096) if engine == "vllm" else positions)
+    return _Served(served, tok, positions, f"{model} on engine {engine}")
 
 
-def engine_chat_from(raw: Mapping[str, Any], where: str, error: type[Exception]) -> EngineChat:
+def _number(raw: Mapping[str, Any], key: str, name: str, error: type[Exception], *, low: float) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
+        raise error(f"{name}: a number of at least {low:g}, got {value!r}")
+    return float(value)
+
+
+def engine_chat_from(
+    raw: Mapping[str, Any], where: str, error: type[Exception], *, sep: str = ".", timeout_s: float = 25.0
+) -> EngineChat:
     """`raw`'s engine, model, chat_template, dtype, vllm_python and timeout_s checked, one line
-    per problem (raised as `error`, naming `where`)."""
+    per problem (raised as `error`, each key named `where` + `sep` + key: `env.params.user.model`,
+    `--writer-model`)."""
+
+    def name(key: str) -> str:
+        return f"{where}{sep}{key}"
+
     engine, model = raw.get("engine"), raw.get("model")
     if engine not in ENGINES:
-        raise error(f"{where}.engine: one of {', '.join(ENGINES)}, got {engine!r}")
+        raise error(f"{name('engine')}: one of {', '.join(ENGINES)}, got {engine!r}")
     if not isinstance(model, str) or not model:
         raise error(
-            f"{where}.model: required with engine: a Hugging Face directory, a Hub id, a .gguf file "
+            f"{name('model')}: required with engine: a Hugging Face directory, a Hub id, a .gguf file "
             "or gemma-3-270m (what model.name takes)"
         )
-    args: dict[str, Any] = {"engine": engine, "model": model}
+    args: dict[str, Any] = {"engine": engine, "model": model, "timeout_s": timeout_s}
     for key in ("chat_template", "dtype", "vllm_python"):
         if key in raw:
             if not isinstance(raw[key], str):
-                raise error(f"{where}.{key}: must be str, got {raw[key]!r}")
+                raise error(f"{name(key)}: must be str, got {raw[key]!r}")
             args[key] = raw[key]
     if "timeout_s" in raw:
-        args["timeout_s"] = float(raw["timeout_s"])
+        args["timeout_s"] = _number(raw, "timeout_s", name("timeout_s"), error, low=1e-3)
     from steprl.models.sources import DTYPES
 
     if args.get("dtype", "float32") not in DTYPES:
-        raise error(f"{where}.dtype: one of {', '.join(DTYPES)}, got {args['dtype']!r}")
+        raise error(f"{name('dtype')}: one of {', '.join(DTYPES)}, got {args['dtype']!r}")
     return EngineChat(**args)
 
 

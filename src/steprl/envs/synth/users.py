@@ -160,11 +160,19 @@ def _engine_user(raw: Mapping[str, Any]) -> EngineUser:
             f"env.params.user.{unknown[0]}: unknown with engine; allowed: {', '.join(allowed)}"
         )
     chat = engine_chat_from(raw, "env.params.user", SynthSpecError)
-    try:
-        temperature, max_tokens = float(raw.get("temperature", 0.0)), int(raw.get("max_tokens", 64))
-    except (TypeError, ValueError):
-        raise SynthSpecError("env.params.user: temperature must be a number, max_tokens an int") from None
-    return EngineUser(chat, temperature, max_tokens)
+    temperature, max_tokens = raw.get("temperature", 0.0), raw.get("max_tokens", 64)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+        raise SynthSpecError(f"env.params.user.temperature: a number of at least 0, got {temperature!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise SynthSpecError(f"env.params.user.max_tokens: an int of at least 1, got {max_tokens!r}")
+    try:  # at start-up: not in the first episode's step, under its deadline
+        chat.warm()
+    except Exception as exc:  # a bad path, a Hub id not in the cache, vLLM not starting
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SynthSpecError(
+            f"env.params.user: cannot serve {chat.model!r} on engine {chat.engine}: {line}"
+        ) from None
+    return EngineUser(chat, float(temperature), max_tokens)
 
 
 def user_from_params(raw: Any) -> SimUser | None:

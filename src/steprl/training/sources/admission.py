@@ -101,21 +101,31 @@ class AdmissionSource:
         self.admitted = self.retired = self.skipped = self.parked = self.skipped_hard = 0
         self.rejected = 0
         self.probation: set[str] = set()  # ids of active tasks whose first group decides
+        self.out: set[str] = set()  # of those, the ones served whose group has not come back
         self.exhausted = False
         self._requeued: list[tuple[int, Task]] = []
 
     # -- serving ---------------------------------------------------------------------------
     def next(self) -> tuple[int, Task] | None:
         if self._requeued:
-            return self._requeued.pop(0)
-        self._refill()
-        if not self.active:
-            return None
-        task = self.active[self.cursor % len(self.active)]
-        self.cursor += 1
-        return self.cursor - 1, task
+            index, task = self._requeued.pop(0)
+        else:
+            self._refill()
+            if not self.active:
+                return None
+            # round-robin, passing over a task on probation whose one group is still out (several
+            # steps in flight, or a set smaller than a step): its first group decides alone
+            n = len(self.active)
+            order = (self.active[(self.cursor + j) % n] for j in range(n))
+            task = next((t for t in order if t.id not in self.out), self.active[self.cursor % n])
+            index = self.cursor
+            self.cursor += 1
+        if task.id in self.probation:
+            self.out.add(task.id)
+        return index, task
 
     def requeue(self, index: int, task: Task) -> None:
+        self.out.discard(task.id)
         bisect.insort(self._requeued, (index, task), key=lambda p: p[0])
 
     def _pull(self) -> Task | None:
@@ -176,6 +186,7 @@ class AdmissionSource:
 
     # -- learning from what was trained -----------------------------------------------------
     def observe(self, group: Group) -> None:
+        self.out.discard(group.task.id)  # back: a task on probation may be served again
         # the pass rate is the share of successes (`is_success`: the env's verdict, else the full
         # reward), not the mean return: a format penalty must not make a pass rate negative
         wins = [float(is_success(t)) for t in group.trajectories if t.trainable]
@@ -206,6 +217,7 @@ class AdmissionSource:
         ids = [t.id for t in self.active]
         del self.active[ids.index(task_id)]
         self.history.pop(task_id, None)
+        self.out.discard(task_id)
         self._refill()  # replaced at once: the logged set is the one served next
 
     def pass_rate(self) -> float | None:
@@ -244,6 +256,7 @@ class AdmissionSource:
                 *(self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected)
             ],
             "probation": sorted(self.probation),
+            "out": sorted(self.out),
             "exhausted": self.exhausted,
             "requeued": [(i, task_dict(t)) for i, t in self._requeued],
         }
@@ -263,6 +276,7 @@ class AdmissionSource:
         counts = [*map(int, state["counts"]), 0, 0, 0][:6]  # older checkpoints: fewer counts
         self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected = counts
         self.probation = {str(i) for i in state.get("probation", [])}
+        self.out = {str(i) for i in state.get("out", [])}
         self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
 
 
