@@ -1,7 +1,7 @@
 """The task-admission section: what the `admission` task source (docs/synthesis.md) logged each
 step: the live set's size, tasks admitted, retired (mastered), parked (failed every episode of
-their last groups), skipped (their shape's pass rate outside the band) and rejected (on
-probation: their first group outside the band),
+their last groups), skipped (their shape's pass rate outside the band), on probation (active,
+not admitted yet: their first group decides) and rejected (that group outside the band),
 and the admitted pass rate against the configured band, with the share of steps inside it.
 
 At most `MAX_ROWS` steps are listed (evenly spaced, the last always); the summary counts all.
@@ -22,6 +22,7 @@ KEYS = (
     "source/retired",
     "source/parked",
     "source/skipped",
+    "source/probation",
     "source/rejected",
     "source/pass_rate",
 )
@@ -56,7 +57,7 @@ def build(run: RunData) -> dict[str, Any]:
         )
     rated = [r for r in (_num(row, "source/pass_rate") for row in steps) if r is not None]
     inside = sum(low <= r <= high for r in rated)
-    summary = ["all", "", "", "", "", "", "", f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
-    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "rejected"]
+    summary = ["all", *[""] * (len(KEYS) - 1), f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
+    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "on probation", "rejected"]
     columns += ["admitted pass rate", "in band"]
     return {"columns": columns, "rows": [*rows, summary], "empty": ""}
