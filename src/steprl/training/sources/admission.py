@@ -41,7 +41,8 @@ other env a task's shape is its env key.
 
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
 skips them: the split is a pure function of the seed), the active tasks, each one's recent
-group means, each shape's recent means, the counters and the re-queued tasks.
+group means, each shape's recent means, the tasks on probation (and which of them are out), the
+counters and the re-queued tasks.
 """
 
 from __future__ import annotations
