@@ -102,7 +102,9 @@ class _Served:
         try:
             out = future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
-            future.cancel()  # the request leaves the engine's queue: later ones do not wait behind it
+            # the caller stops waiting; the engine finishes that row (its result dropped), and later
+            # requests join the running batch meanwhile (continuous batching)
+            future.cancel()
             raise TimeoutError(f"{self.name} gave no reply in {timeout_s:g} s (timeout_s)") from None
         return str(self.tokenizer.decode(list(out.token_ids), skip_special_tokens=True)).strip()
 
