@@ -18,15 +18,21 @@ other env a task's shape is its env key.
   new ones: their shape's rate) is outside the band's middle half, would move it further out:
   the candidate is passed over (the stream is asked for the next), so the set is refilled with
   the shapes still being learned, on the side it needs, which keeps the admitted pass rate
-  inside the band from both sides. After `max_skips` refusals in a row
-  the next candidate is admitted anyway (a stream of such shapes only must not stall the run).
+  inside the band from both sides. After `max_skips` refusals in a row a candidate is
+  admitted anyway (a stream of such shapes only must not stall the run): the one **nearest the
+  band's middle** among those passed over (`reserve`: the last `active` of them, ranked by their
+  shape's current rate), on probation unless `probe: none`. A learner that is below the band on
+  every shape still does some of them sometimes; this serves its best shapes and keeps the tasks
+  it is measured to solve sometimes. Until a candidate is admitted on its shape's rate again,
+  refills take from the reserve first rather than pass over another `max_skips`.
 * **Probation** (`probe`): a candidate may be admitted on what its own first group measures
   rather than on its shape's rate: it is served once, and its first group decides. Inside the
   band it is admitted; above or below it the task leaves at once (`source/rejected`) and the next
   candidate takes its place. `probe: unseen` (the default) does this for candidates of a shape
   with no rate yet, which is every candidate of the first set: nothing is known of the learner
   before its first groups, and a set admitted blind starts wherever the stream put it. `probe:
-  all` does it for every candidate: the set is then made of tasks measured to be solved
+  all` does it for every candidate (and `unseen` also for one admitted from the reserve, whose
+  shape's rate says it is outside the band): the set is then made of tasks measured to be solved
   sometimes, but a small model at T=1 solves most tasks always or never, so most candidates
   are rejected, admitted tasks are soon mastered, and the admitted set runs thin (measured in
   docs/synthesis.md). `probe: none` admits on shape rates alone. A probation group is trained
@@ -42,7 +48,7 @@ other env a task's shape is its env key.
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
 skips them: the split is a pure function of the seed), the active tasks, each one's recent
 group means, each shape's recent means, the tasks on probation (and which of them are out), the
-counters and the re-queued tasks.
+reserve and whether refills draw on it, the counters and the re-queued tasks.
 """
 
 from __future__ import annotations
@@ -103,6 +109,8 @@ class AdmissionSource:
         self.rejected = 0
         self.probation: set[str] = set()  # ids of active tasks whose first group decides
         self.out: set[str] = set()  # of those, the ones served whose group has not come back
+        self.reserve: list[Task] = []  # the last `active` candidates passed over (stream order)
+        self.dry = False  # the last refill ran out of `max_skips`: draw on the reserve first
         self.exhausted = False
         self._requeued: list[tuple[int, Task]] = []
 
@@ -152,16 +160,36 @@ class AdmissionSource:
                 out.append(rate)
         return out
 
+    def _nearest(self) -> Task:
+        """Take the reserve's candidate whose shape's rate is nearest the band's middle (ties: the
+        first passed over)."""
+        middle = sum(self.band) / 2
+        rates = [self.shape_rate(shape_of(t)) for t in self.reserve]
+        far = [0.0 if r is None else abs(r - middle) for r in rates]
+        return self.reserve.pop(far.index(min(far)))
+
+    def _admit(self, task: Task, rate: float | None, *, fallback: bool) -> None:
+        self.active.append(task)
+        probe = self.probe == "all" or (self.probe == "unseen" and (rate is None or fallback))
+        if probe:
+            self.probation.add(task.id)
+        else:
+            self.admitted += 1
+
     def _refill(self) -> None:
         skips = 0
         low, high = self.band
         # steer only outside the band's middle half: inside it, no candidate is passed over
         calm = (low + (high - low) / 4, high - (high - low) / 4)
-        while len(self.active) < self.size and not self.exhausted:
-            task = self._pull()
-            if task is None:
+        while len(self.active) < self.size:
+            if self.dry and self.reserve:  # the stream showed nothing in the band lately
+                task = self._nearest()
+                self._admit(task, self.shape_rate(shape_of(task)), fallback=True)
+                continue
+            pulled = self._pull()
+            if pulled is None:
                 return
-            rate = self.shape_rate(shape_of(task))
+            task, rate = pulled, self.shape_rate(shape_of(pulled))
             outside = rate is not None and not self.band[0] <= rate <= self.band[1]
             # steer: while the set's expected rate is outside the band's middle half, a
             # candidate of a shape known to push it further out is passed over (the set's mean
@@ -173,16 +201,22 @@ class AdmissionSource:
                 and now is not None
                 and ((now > calm[1] and rate > now) or (now < calm[0] and rate < now))
             )
-            if (outside or wrong_way) and skips < self.max_skips:
-                skips += 1
-                self.skipped += 1
-                self.skipped_hard += rate is not None and rate < self.band[0]
-                continue
-            self.active.append(task)
-            if self.probe == "all" or (self.probe == "unseen" and rate is None):
-                self.probation.add(task.id)
+            if outside or wrong_way:
+                self.reserve = [*self.reserve, task][-self.size :]
+                if skips < self.max_skips:
+                    skips += 1
+                    self.skipped += 1
+                    self.skipped_hard += rate is not None and rate < self.band[0]
+                    continue
+                self.dry = True  # max_skips refusals in a row: the nearest passed over, on probation
+                passed, task = task, self._nearest()
+                if task is not passed:
+                    self.skipped += 1
+                    self.skipped_hard += rate is not None and rate < self.band[0]
+                self._admit(task, self.shape_rate(shape_of(task)), fallback=True)
             else:
-                self.admitted += 1
+                self.dry = False
+                self._admit(task, rate, fallback=False)
             skips = 0
 
     # -- learning from what was trained -----------------------------------------------------
@@ -259,6 +293,8 @@ class AdmissionSource:
             "probation": sorted(self.probation),
             "out": sorted(self.out),
             "exhausted": self.exhausted,
+            "reserve": [task_dict(t) for t in self.reserve],
+            "dry": self.dry,
             "requeued": [(i, task_dict(t)) for i, t in self._requeued],
         }
 
@@ -279,6 +315,8 @@ class AdmissionSource:
         self.probation = {str(i) for i in state.get("probation", [])}
         self.out = {str(i) for i in state.get("out", [])}
         self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
+        self.reserve = [task_from_dict(t) for t in state.get("reserve", [])]
+        self.dry = bool(state.get("dry", False))
 
 
 __all__ = ["PROBES", "AdmissionSource", "shape_of"]
