@@ -50,13 +50,14 @@ def test_the_env_weight_section_gives_each_env_its_weights_and_gradient_share():
 def test_the_admission_section_shows_the_pass_rate_against_the_band():
     metrics = tuple(
         {"step": i, "source/active": 8, "source/admitted": 8 + i, "source/retired": i, "source/parked": 0}
-        | {"source/skipped": 0, "source/probation": 1, "source/rejected": 2 * i}
+        | {"source/skipped": 0, "source/admitted_anyway": i // 2, "source/probation": 1}
+        | {"source/rejected": 2 * i}
         | ({"source/pass_rate": rate} if rate is not None else {})
         for i, rate in enumerate([None, 0.5, 0.9, 0.3], 1)
     )
     run = replace(empty_run("admit", {"env": {"source_params": {"band": [0.2, 0.8]}}}), metrics=metrics)
     check_section("admission", SECTIONS["admission"], run)
     data = SECTIONS["admission"].build(run)
-    assert data["rows"][1] == [2, 8, 10, 2, 0, 0, 1, 4, 0.5, "yes"] and data["rows"][2][-1] == "no"
+    assert data["rows"][1] == [2, 8, 10, 2, 0, 0, 1, 1, 4, 0.5, "yes"] and data["rows"][2][-1] == "no"
     assert data["rows"][-1][-1] == "2 of 3 steps"
     assert SECTIONS["admission"].build(empty_run("none", {}))["rows"] == []

@@ -1,8 +1,10 @@
 """The task-admission section: what the `admission` task source (docs/synthesis.md) logged each
 step: the live set's size, tasks admitted, retired (mastered), parked (failed every episode of
-their last groups), skipped (their shape's pass rate outside the band), on probation (active,
-not admitted yet: their first group decides) and rejected (that group outside the band),
-and the admitted pass rate against the configured band, with the share of steps inside it.
+their last groups), skipped (their shape's pass rate outside the band), admitted anyway (after
+`max_skips` refusals in a row: the stream held nothing in the band for this learner), on
+probation (active, not admitted yet: their first group decides) and rejected (that group outside
+the band), and the admitted pass rate against the configured band, with the share of steps
+inside it.
 
 At most `MAX_ROWS` steps are listed (evenly spaced, the last always); the summary counts all.
 """
@@ -22,6 +24,7 @@ KEYS = (
     "source/retired",
     "source/parked",
     "source/skipped",
+    "source/admitted_anyway",
     "source/probation",
     "source/rejected",
     "source/pass_rate",
@@ -58,6 +61,7 @@ def build(run: RunData) -> dict[str, Any]:
     rated = [r for r in (_num(row, "source/pass_rate") for row in steps) if r is not None]
     inside = sum(low <= r <= high for r in rated)
     summary = ["all", *[""] * (len(KEYS) - 1), f"in [{low}, {high}]", f"{inside} of {len(rated)} steps"]
-    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "on probation", "rejected"]
+    columns = ["step", "active", "admitted", "retired", "parked", "skipped", "admitted anyway"]
+    columns += ["on probation", "rejected"]
     columns += ["admitted pass rate", "in band"]
     return {"columns": columns, "rows": [*rows, summary], "empty": ""}

@@ -41,9 +41,11 @@ other env a task's shape is its env key.
   decides what the set keeps.
 * **Logged** every step (`metrics`): `source/active`, `source/admitted`, `source/retired`,
   `source/parked`, `source/skipped` (of which `source/skipped_hard` below the band),
-  `source/probation` and `source/rejected` (with `probe`), `source/pass_rate` (the admitted
-  tasks' mean last group success: the admitted pass rate, which the band is for; tasks on
-  probation are not admitted yet), `source/in_band` (1 when it lies in `band`).
+  `source/admitted_anyway` (from the reserve, after `max_skips`: the stream showed nothing in
+  the band for this learner), `source/probation` and `source/rejected` (with `probe`),
+  `source/pass_rate` (the admitted tasks' mean last group success: the admitted pass rate,
+  which the band is for; tasks on probation are not admitted yet), `source/in_band` (1 when it
+  lies in `band`).
 
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
 skips them: the split is a pure function of the seed), the active tasks, each one's recent
@@ -106,7 +108,7 @@ class AdmissionSource:
         self.history: dict[str, deque[float]] = {}  # task id -> its last `window` group means
         self.shapes: dict[str, deque[float]] = {}  # shape -> its tasks' recent group means
         self.admitted = self.retired = self.skipped = self.parked = self.skipped_hard = 0
-        self.rejected = 0
+        self.rejected = self.anyway = 0  # anyway: admitted from the reserve, after `max_skips`
         self.probation: set[str] = set()  # ids of active tasks whose first group decides
         self.out: set[str] = set()  # of those, the ones served whose group has not come back
         self.reserve: list[Task] = []  # the last `active` candidates passed over (stream order)
@@ -170,6 +172,7 @@ class AdmissionSource:
 
     def _admit(self, task: Task, rate: float | None, *, fallback: bool) -> None:
         self.active.append(task)
+        self.anyway += fallback
         probe = self.probe == "all" or (self.probe == "unseen" and (rate is None or fallback))
         if probe:
             self.probation.add(task.id)
@@ -269,6 +272,7 @@ class AdmissionSource:
             "source/parked": float(self.parked),
             "source/skipped": float(self.skipped),
             "source/skipped_hard": float(self.skipped_hard),
+            "source/admitted_anyway": float(self.anyway),
         }
         if self.probe != "none":
             out["source/probation"] = float(len(self.probation))
@@ -288,7 +292,8 @@ class AdmissionSource:
             "history": {k: list(v) for k, v in self.history.items()},
             "shapes": {k: list(v) for k, v in self.shapes.items()},
             "counts": [
-                *(self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected)
+                *(self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected),
+                self.anyway,
             ],
             "probation": sorted(self.probation),
             "out": sorted(self.out),
@@ -310,8 +315,9 @@ class AdmissionSource:
         self.shapes = {
             str(k): deque(map(float, v), maxlen=self.window * self.size) for k, v in state["shapes"].items()
         }
-        counts = [*map(int, state["counts"]), 0, 0, 0][:6]  # older checkpoints: fewer counts
-        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected = counts
+        counts = [*map(int, state["counts"]), 0, 0, 0, 0][:7]  # older checkpoints: fewer counts
+        self.admitted, self.retired, self.skipped, self.parked, self.skipped_hard, self.rejected = counts[:6]
+        self.anyway = counts[6]
         self.probation = {str(i) for i in state.get("probation", [])}
         self.out = {str(i) for i in state.get("out", [])}
         self._requeued = [(int(i), task_from_dict(t)) for i, t in state["requeued"]]
