@@ -6,7 +6,6 @@ import copy
 import random
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -646,56 +645,6 @@ def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp
     for n, a in tasks[0].params["plan"]:
         env.step(render_call(n, a))
     assert env.step(DONE).reward == 1.0
-
-
-def test_a_learner_below_the_band_on_every_shape_gets_its_nearest_tasks_on_probation() -> None:
-    """Every shape's rate is below the band, yet some tasks are solved half the time: after
-    `max_skips` refusals the candidate nearest the band is admitted on probation (not the next
-    one blind), so the set keeps the tasks measured in the band; resumes draw on the reserve."""
-    from steprl.training.sources import TaskSplits, make_source
-    from steprl.training.sources.admission import AdmissionSource, shape_of
-    from steprl.types import EndReason, Group, Trajectory
-
-    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
-    few = Counter(shape_of(t) for t in islice_tasks(spec, 200)).most_common(3)
-    best = few[0][0]
-    splits = TaskSplits.one(
-        lambda: (t for t in spec.tasks("train", 0) if shape_of(t) in dict(few)), "synth"
-    )  # 3 shapes, all of them seen within the first groups
-
-    def wins(task: Task) -> int:  # of 8: only `best` is done at all, one task in four half the time
-        return 4 * (shape_of(task) == best and sum(map(ord, task.id)) % 4 == 0)
-
-    def make() -> AdmissionSource:
-        source = make_source("admission", splits, 0, {"active": 6, "window": 2, "max_skips": 20})
-        assert isinstance(source, AdmissionSource)
-        return source
-
-    def run(source: AdmissionSource, steps: int) -> list[tuple[str, float]]:
-        served = []
-        for _ in range(steps):
-            item = source.next()
-            assert item is not None
-            task, n = item[1], wins(item[1])
-            trajs = tuple(
-                Trajectory(task.id, f"{task.id}-{k}", task.env, (), float(k < n), EndReason.ANSWERED)
-                for k in range(8)
-            )
-            source.observe(Group(task, trajs))
-            served.append((task.id, source.metrics().get("source/pass_rate", 0.0)))
-        return served
-
-    source = make()
-    run(source, 12)
-    assert source.dry and source.reserve  # every shape below the band: drawing on the reserve
-    twin = make()
-    twin.load_state_dict(source.state_dict())
-    served = run(source, 130)
-    assert run(twin, 130) == served  # resume-exact through the reserve
-    m = source.metrics()
-    assert m["source/skipped_hard"] > 0 and m["source/rejected"] > 0 and m["source/admitted_anyway"] > 0
-    assert all(rate == 0.5 for _, rate in served[-50:])  # only the half-solved tasks of `best` stay
-    assert all(shape_of(t) == best for t in source.active)
 
 
 def islice_tasks(spec, n: int) -> list[Task]:

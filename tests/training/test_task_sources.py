@@ -5,7 +5,9 @@ checked against the registry; the stream hands out exactly the env's train split
 from __future__ import annotations
 
 import re
+from collections import Counter, deque
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -147,3 +149,58 @@ def test_the_checker_catches_a_source_that_loses_a_requeued_task(monkeypatch, br
     monkeypatch.setitem(TASK_SOURCES, "broken", broken)
     with pytest.raises(AssertionError, match=says):
         check_task_source("broken")
+
+
+def test_a_learner_below_the_band_on_every_shape_gets_its_nearest_tasks_on_probation():
+    """`admission` on a synthesized env whose learner is below the band on every shape, yet
+    solves some tasks of one shape half the time: after `max_skips` refusals the passed-over
+    candidate nearest the band is admitted on probation (not the next one blind), so the set
+    keeps the tasks measured in the band; resume-exact through the reserve."""
+    from steprl.envs.registry import get_spec
+    from steprl.training.sources import TaskSplits
+    from steprl.training.sources.admission import AdmissionSource, shape_of
+
+    files = Path(__file__).parents[2] / "configs" / "synth" / "files.yaml"
+    spec = get_spec("synth", {"spec": str(files)})
+    few = dict(Counter(shape_of(t) for t in islice(spec.tasks("train", 0), 200)).most_common(3))
+    best = next(iter(few))
+    splits = TaskSplits.one(lambda: (t for t in spec.tasks("train", 0) if shape_of(t) in few), "synth")
+
+    def make() -> AdmissionSource:
+        source = make_source("admission", splits, 0, {"active": 6, "window": 2, "max_skips": 20})
+        assert isinstance(source, AdmissionSource)
+        return source
+
+    def run(source: AdmissionSource, steps: int) -> list[tuple[str, float]]:
+        served = []
+        for _ in range(steps):
+            item = source.next()
+            assert item is not None
+            task = item[1]  # of 8 episodes: only `best` is done at all, one task in 4 half the time
+            wins = 4 * (shape_of(task) == best and sum(map(ord, task.id)) % 4 == 0)
+            trajs = tuple(
+                Trajectory(task.id, f"{task.id}-{k}", task.env, (), float(k < wins), EndReason.ANSWERED)
+                for k in range(8)
+            )
+            source.observe(Group(task, trajs))
+            served.append((task.id, source.metrics().get("source/pass_rate", 0.0)))
+        return served
+
+    source = make()
+    run(source, 12)
+    assert source.dry and source.reserve  # every shape below the band: admitting from the reserve
+    twin = make()
+    twin.load_state_dict(source.state_dict())
+    served = run(source, 130)
+    assert run(twin, 130) == served  # resume-exact through the reserve
+    m = source.metrics()
+    assert m["source/skipped_hard"] > 0 and m["source/rejected"] > 0 and m["source/admitted_anyway"] > 0
+    assert all(rate == 0.5 for _, rate in served[-50:])  # only the half-solved tasks of `best` stay
+    assert all(shape_of(t) == best for t in source.active)
+    # the nearest: of a reserve of shapes rated 0.0, 0.15 and 0.05, the 0.15 one (band [0.2, 0.8])
+    pick = make()
+    by_shape = {shape_of(t): t for t in islice(spec.tasks("train", 0), 60)}
+    shapes = list(by_shape)[:3]
+    pick.shapes = {s: deque([r]) for s, r in zip(shapes, (0.0, 0.15, 0.05), strict=True)}
+    pick.reserve = [by_shape[s] for s in shapes]
+    assert shape_of(pick._nearest()) == shapes[1] and len(pick.reserve) == 2

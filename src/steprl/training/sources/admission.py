@@ -24,7 +24,8 @@ other env a task's shape is its env key.
   shape's current rate), on probation unless `probe: none`. A learner that is below the band on
   every shape still does some of them sometimes; this serves its best shapes and keeps the tasks
   it is measured to solve sometimes. Until a candidate is admitted on its shape's rate again,
-  refills take from the reserve first rather than pass over another `max_skips`.
+  each admission pulls one candidate and admits it if it is admissible, else the reserve's
+  nearest, rather than pass over another `max_skips`.
 * **Probation** (`probe`): a candidate may be admitted on what its own first group measures
   rather than on its shape's rate: it is served once, and its first group decides. Inside the
   band it is admitted; above or below it the task leaves at once (`source/rejected`) and the next
@@ -41,7 +42,7 @@ other env a task's shape is its env key.
   decides what the set keeps.
 * **Logged** every step (`metrics`): `source/active`, `source/admitted`, `source/retired`,
   `source/parked`, `source/skipped` (of which `source/skipped_hard` below the band),
-  `source/admitted_anyway` (from the reserve, after `max_skips`: the stream showed nothing in
+  `source/admitted_anyway` (of the skipped, those admitted from the reserve: the stream showed nothing in
   the band for this learner), `source/probation` and `source/rejected` (with `probe`),
   `source/pass_rate` (the admitted tasks' mean last group success: the admitted pass rate,
   which the band is for; tasks on probation are not admitted yet), `source/in_band` (1 when it
@@ -164,10 +165,11 @@ class AdmissionSource:
 
     def _nearest(self) -> Task:
         """Take the reserve's candidate whose shape's rate is nearest the band's middle (ties: the
-        first passed over)."""
+        first passed over). Only rated candidates are passed over, and a shape's rate never
+        becomes unknown again, so every rate here is known."""
         middle = sum(self.band) / 2
         rates = [self.shape_rate(shape_of(t)) for t in self.reserve]
-        far = [0.0 if r is None else abs(r - middle) for r in rates]
+        far = [abs((middle if r is None else r) - middle) for r in rates]
         return self.reserve.pop(far.index(min(far)))
 
     def _admit(self, task: Task, rate: float | None, *, fallback: bool) -> None:
@@ -185,12 +187,11 @@ class AdmissionSource:
         # steer only outside the band's middle half: inside it, no candidate is passed over
         calm = (low + (high - low) / 4, high - (high - low) / 4)
         while len(self.active) < self.size:
-            if self.dry and self.reserve:  # the stream showed nothing in the band lately
-                task = self._nearest()
-                self._admit(task, self.shape_rate(shape_of(task)), fallback=True)
-                continue
             pulled = self._pull()
             if pulled is None:
+                if self.dry and self.reserve:  # the stream ended: what it passed over is left
+                    self._admit(self._nearest(), None, fallback=True)
+                    continue
                 return
             task, rate = pulled, self.shape_rate(shape_of(pulled))
             outside = rate is not None and not self.band[0] <= rate <= self.band[1]
@@ -204,23 +205,24 @@ class AdmissionSource:
                 and now is not None
                 and ((now > calm[1] and rate > now) or (now < calm[0] and rate < now))
             )
-            if outside or wrong_way:
-                self.reserve = [*self.reserve, task][-self.size :]
-                if skips < self.max_skips:
-                    skips += 1
-                    self.skipped += 1
-                    self.skipped_hard += rate is not None and rate < self.band[0]
-                    continue
-                self.dry = True  # max_skips refusals in a row: the nearest passed over, on probation
-                passed, task = task, self._nearest()
-                if task is not passed:
-                    self.skipped += 1
-                    self.skipped_hard += rate is not None and rate < self.band[0]
-                self._admit(task, self.shape_rate(shape_of(task)), fallback=True)
-            else:
+            if not (outside or wrong_way):
                 self.dry = False
                 self._admit(task, rate, fallback=False)
-            skips = 0
+                skips = 0
+                continue
+            # passed over (it may still be admitted from the reserve: `admitted_anyway` counts
+            # those, a part of `skipped`)
+            self.reserve = [*self.reserve, task][-self.size :]
+            self.skipped += 1
+            self.skipped_hard += rate is not None and rate < self.band[0]
+            skips += 1
+            if skips > self.max_skips or self.dry:
+                # max_skips refusals in a row: the stream holds nothing in the band for this
+                # learner; from now on each admission pulls one candidate, and admits the
+                # reserve's nearest (so the ranking stays over the last `active` passed over)
+                self.dry = True
+                self._admit(self._nearest(), None, fallback=True)
+                skips = 0
 
     # -- learning from what was trained -----------------------------------------------------
     def observe(self, group: Group) -> None:
