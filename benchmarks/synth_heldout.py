@@ -135,7 +135,8 @@ def table(out: Path, seeds: list[int], config: Path) -> None:
     b.set(title="train success (train shapes, T=1)", xlabel="RL step")
     a.legend(), b.legend()
     fig.tight_layout()
-    suffix = "" if config == CONFIG else f"_{config.stem.removeprefix('synth_shop_tiny_')}"
+    stem = config.stem.removeprefix("synth_shop_tiny_").removeprefix("synth_")
+    suffix = "" if config == CONFIG else f"_{stem}"
     path = ROOT / "docs" / "images" / f"synth_heldout{suffix}.png"
     fig.savefig(path, dpi=110)
     print(f"curves: {path.relative_to(ROOT)}")
