@@ -51,7 +51,7 @@ other env a task's shape is its env key.
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
 skips them: the split is a pure function of the seed), the active tasks, each one's recent
 group means, each shape's recent means, the tasks on probation (and which of them are out), the
-reserve and whether refills draw on it, the counters and the re-queued tasks.
+reserve and whether admissions draw on it (`dry`), the counters and the re-queued tasks.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class AdmissionSource:
         self.probation: set[str] = set()  # ids of active tasks whose first group decides
         self.out: set[str] = set()  # of those, the ones served whose group has not come back
         self.reserve: list[Task] = []  # the last `active` candidates passed over (stream order)
-        self.dry = False  # the last refill ran out of `max_skips`: draw on the reserve first
+        self.dry = False  # `max_skips` refusals in a row, nothing admissible since: see _refill
         self.exhausted = False
         self._requeued: list[tuple[int, Task]] = []
 
