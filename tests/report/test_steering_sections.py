@@ -53,6 +53,8 @@ def test_the_admission_section_shows_the_pass_rate_against_the_band():
         | {"source/skipped": 0, "source/admitted_anyway": i // 2, "source/probation": 1}
         | {"source/rejected": 2 * i}
         | ({"source/pass_rate": rate} if rate is not None else {})
+        | {"source/shape_rate/a>b": 0.1 * i}
+        | ({"source/shape_rate/c": 0.9} if i > 2 else {})
         for i, rate in enumerate([None, 0.5, 0.9, 0.3], 1)
     )
     run = replace(empty_run("admit", {"env": {"source_params": {"band": [0.2, 0.8]}}}), metrics=metrics)
@@ -61,3 +63,6 @@ def test_the_admission_section_shows_the_pass_rate_against_the_band():
     assert data["rows"][1] == [2, 8, 10, 2, 0, 0, 1, 1, 4, 0.5, "yes"] and data["rows"][2][-1] == "no"
     assert data["rows"][-1][-1] == "2 of 3 steps"
     assert SECTIONS["admission"].build(empty_run("none", {}))["rows"] == []
+    shapes = SECTIONS["admission_shapes"].build(run)  # per shape: first rated, first, last, band
+    assert shapes["rows"] == [["c", 3, 0.9, 0.9, "above"], ["a>b", 1, 0.1, 0.4, "in"]]
+    assert SECTIONS["admission_shapes"].build(empty_run("none", {}))["rows"] == []

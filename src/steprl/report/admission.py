@@ -7,6 +7,11 @@ the band), and the admitted pass rate against the configured band, with the shar
 inside it.
 
 At most `MAX_ROWS` steps are listed (evenly spaced, the last always); the summary counts all.
+
+By shape (`by_shape`): each DAG shape's pass rate (`source/shape_rate/<shape>`), the rate its
+candidates are admitted or passed over on, where it was first rated and where it ended, against
+the band: a run whose every shape ends below the band is one whose stream holds nothing this
+learner can learn from yet.
 """
 
 from __future__ import annotations
@@ -65,3 +70,32 @@ def build(run: RunData) -> dict[str, Any]:
     columns += ["on probation", "rejected"]
     columns += ["admitted pass rate", "in band"]
     return {"columns": columns, "rows": [*rows, summary], "empty": ""}
+
+
+SHAPE_KEY = "source/shape_rate/"
+
+
+def by_shape(run: RunData) -> dict[str, Any]:
+    """One row per shape, highest last rate first: first rated at, first rate, last rate, and
+    where the last lies against the band."""
+    first: dict[str, tuple[int, float]] = {}
+    last: dict[str, float] = {}
+    for row in run.metrics:
+        for key in row:
+            if key.startswith(SHAPE_KEY) and (rate := _num(row, key)) is not None:
+                shape = key.removeprefix(SHAPE_KEY)
+                first.setdefault(shape, (int(row.get("step", 0)), rate))
+                last[shape] = rate
+    if not last:
+        return {"columns": [], "rows": [], "empty": NONE_RECORDED}
+    low, high = _band(run)
+    order = sorted(last, key=lambda s: (-last[s], s))
+    rows: list[list[Any]] = [
+        [s, first[s][0], round(first[s][1], 3), round(last[s], 3)]
+        + ["below" if last[s] < low else "above" if last[s] > high else "in"]
+        for s in order[:MAX_ROWS]
+    ]
+    if len(order) > MAX_ROWS:
+        rows.append([f"{len(order) - MAX_ROWS} more shapes", "", "", "", ""])
+    columns = ["shape", "first rated at step", "first rate", "last rate", f"against [{low}, {high}]"]
+    return {"columns": columns, "rows": rows, "empty": ""}

@@ -36,6 +36,7 @@ SECTIONS: dict[str, SectionSpec] = {
     "curriculum": SectionSpec("Curriculum stages", steering.curriculum, "table"),
     "env_weights": SectionSpec("Per-env weights", steering.env_weights, "table"),
     "admission": SectionSpec("Task admission", admission.build, "table"),
+    "admission_shapes": SectionSpec("Task admission by shape", admission.by_shape, "table"),
 }
 
 

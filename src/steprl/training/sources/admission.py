@@ -46,7 +46,8 @@ other env a task's shape is its env key.
   the band for this learner), `source/probation` and `source/rejected` (with `probe`),
   `source/pass_rate` (the admitted tasks' mean last group success: the admitted pass rate,
   which the band is for; tasks on probation are not admitted yet), `source/in_band` (1 when it
-  lies in `band`).
+  lies in `band`), and `source/shape_rate/<shape>` per shape rated so far (the rate candidates of
+  that shape are admitted or passed over on).
 
 Its state: the next position, how many stream tasks were read (a resume re-reads the stream and
 skips them: the split is a pure function of the seed), the active tasks, each one's recent
@@ -279,6 +280,9 @@ class AdmissionSource:
         if self.probe != "none":
             out["source/probation"] = float(len(self.probation))
             out["source/rejected"] = float(self.rejected)
+        for shape in sorted(self.shapes):  # what the admissions are decided on, per shape
+            if (by_shape := self.shape_rate(shape)) is not None:
+                out[f"source/shape_rate/{shape}"] = by_shape
         rate = self.pass_rate()
         if rate is not None:
             out["source/pass_rate"] = rate
