@@ -54,6 +54,19 @@ def call(world, args):
 CODE_WRONG_TABLE = CODE_FIXED.replace("return str(", 'world["customers"].clear()\n    return str(')
 
 
+def ask_the_user_once(params: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """A synth env from `params`, reset on its first train task, after one `ask_user` call: (the
+    env spec, the task, the env, the user's reply), what the simulated-user tests start from."""
+    from steprl.envs.registry import get_spec
+    from steprl.envs.synth.env import render_call
+
+    spec = get_spec("synth", params)
+    task = next(spec.tasks("train", 0))
+    env = spec.factory(**params)
+    env.reset(task, 0)
+    return spec, task, env, env.step(render_call("ask_user", {"question": "which value?"}))
+
+
 def _app() -> FastAPI:
     import torch
 

@@ -550,16 +550,12 @@ def test_an_llm_user_answers_through_an_openai_endpoint_and_its_mistakes_are_mar
     """`env.params.user` sends each ask_user to a real loopback /v1/chat/completions (the openai
     SDK): a reply that states the hidden value is a user turn and the task is solved; a reply
     that does not (a random LLM's) is marked user_error, the step ERPO masks."""
-    from openai_test_server import chat_server
+    from openai_test_server import ask_the_user_once, chat_server
 
     with chat_server() as (url, app):
         for model, erred in (("echo", False), ("tiny", True)):
             params = {**ASKING, "user_error_rate": 0.0, "user": {"base_url": url, "model": model}}
-            spec = get_spec("synth", params)
-            task = next(spec.tasks("train", 0))
-            env = spec.factory(**params)
-            env.reset(task, 0)
-            reply = env.step(render_call("ask_user", {"question": "which value?"}))
+            spec, task, env, reply = ask_the_user_once(params)
             assert reply.info["role"] == "user" and reply.info["user_error"] is erred
             history = [("ask", reply.observation)]
             for _ in task.params["plan"][1:]:

@@ -13,7 +13,6 @@ import yaml
 
 from steprl.envs.registry import get_spec
 from steprl.envs.synth import SynthSpecError
-from steprl.envs.synth.env import render_call
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOP = ROOT / "configs" / "synth" / "shop.yaml"
@@ -45,17 +44,14 @@ def test_an_engine_user_answers_in_process_and_its_mistakes_are_marked(model_dir
     conversation its chat template renders (as `generate` gives it), sent as a user turn; a reply
     that does not state the hidden value is marked user_error (ERPO masks it)."""
     import torch
+    from openai_test_server import ask_the_user_once
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from steprl.envs.synth.users import _messages
 
     user = {"engine": "hf", "model": str(model_dir), "chat_template": str(TEMPLATE), "max_tokens": 24}
     params = {"spec": str(SHOP), "ask_user": 1.0, "user_error_rate": 0.0, "user": user}
-    spec = get_spec("synth", params)
-    task = next(spec.tasks("train", 0))
-    env = spec.factory(**params)
-    env.reset(task, 0)
-    reply = env.step(render_call("ask_user", {"question": "which value?"}))
+    _, task, env, reply = ask_the_user_once(params)
     assert reply.info["role"] == "user" and reply.info["user_error"] is True
 
     tok = AutoTokenizer.from_pretrained(model_dir)
