@@ -31,8 +31,9 @@ def _run(tmp_path, name: str, extra: list[str]) -> TrainResult:
 
 
 def _comparable(metrics: dict[str, float]) -> dict[str, float]:
-    # engine_logprob_diff_max measures the float rounding itself (~1e-6 either way): not compared
-    skip = ("actor/engine_logprob_diff_max",)
+    # engine_logprob_diff_max measures the float rounding itself (~1e-6 either way): not compared,
+    # nor the health signal that reports the same number (health/signals.py: logprob_mismatch)
+    skip = ("actor/engine_logprob_diff_max", "health/logprob_mismatch")
     return {
         k: v
         for k, v in metrics.items()
