@@ -144,6 +144,11 @@ def test_betas_must_be_in_0_1() -> None:
     assert load_config(None, ["trainer.betas=[0, 0.999]"]).trainer.betas == (0.0, 0.999)
 
 
+def test_tiny_words_must_be_words_listed_once() -> None:
+    assert "model.tiny.words: '/tmp' is not a word" in _error("model.tiny.words=[tmp, /tmp]")
+    assert "model.tiny.words: 'tmp' is listed twice" in _error("model.tiny.words=[tmp, var, tmp]")
+
+
 @pytest.mark.parametrize(
     ("overrides", "fields"),
     [

@@ -46,6 +46,22 @@ class TinySection(Section):
     num_layers: int = Field(3, gt=0)
     num_heads: int = Field(4, gt=0)
     intermediate_size: int = Field(256, gt=0)
+    # whole words that are one token each (a word-level tiny model; models/tiny.py), e.g. the
+    # words of an env's requests and its tool names; empty: every character is a token
+    words: list[str] = []
+
+    @field_validator("words")
+    @classmethod
+    def _words(cls, v: list[str]) -> list[str]:
+        if v:  # transformers is imported only for a word-level model
+            from steprl.models.tiny import check_words
+
+            check_words(v)
+        return v
+
+    def spec_fields(self) -> dict[str, int]:
+        """The model's size (`TinyModelSpec`'s fields): everything here but the tokenizer's words."""
+        return self.model_dump(exclude={"words"})
 
 
 class SFTSection(Section):

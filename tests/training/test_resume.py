@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from steprl.config import ConfigError, dump_config
 from steprl.diagnostics import read_trajectories
+from steprl.training.resume import check_config_change
 from steprl.training.trainer import train
 from tiny_runs import small_config
 
@@ -187,6 +188,10 @@ def test_ckpt02_resume_is_bit_identical(tmp_path, cache_dir, extra):
         assert {"env/calculator/count", "env/bandit/count"} <= {k for r in trained for k in r}
 
 
+def _with_words(model):
+    return model.model_copy(update={"tiny": model.tiny.model_copy(update={"words": ["tmp"]})})
+
+
 def test_ckpt06_a_changed_config_is_refused_unless_allowed(tmp_path, cache_dir):
     base = ["trainer.total_steps=1", "trainer.eval_every=0"]
     train(small_config(tmp_path, "r", base, cache_dir=cache_dir), log=_quiet)
@@ -197,6 +202,14 @@ def test_ckpt06_a_changed_config_is_refused_unless_allowed(tmp_path, cache_dir):
     allowed = small_config(tmp_path, "r", [*changed, "run.allow_config_change=true"], cache_dir=cache_dir)
     result = train(allowed, log=lines.append)
     assert len(result.history) == 1 and any("resumed from" in line for line in lines)
+    # a checkpoint from before a setting existed resumes, where the setting holds its default
+    saved = sorted((tmp_path / "runs" / "r").glob("checkpoints/step_*/config.yaml"))[-1]
+    saved.write_text(saved.read_text().replace("    words: []\n", ""))
+    assert "words" not in saved.read_text()
+    same = small_config(tmp_path, "r", changed, cache_dir=cache_dir)
+    check_config_change(same, saved.parent)
+    with pytest.raises(ConfigError, match=r"model\.tiny\.words \(None -> \['tmp'\]\)"):
+        check_config_change(same.model_copy(update={"model": _with_words(same.model)}), saved.parent)
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         train(
             small_config(tmp_path, "nothing-here", [*base, "run.resume=must"], cache_dir=cache_dir),

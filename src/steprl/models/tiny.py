@@ -4,11 +4,17 @@ Weights and tokenizers cannot be downloaded here, so steprl builds its own: ever
 ASCII character is one token, and the protocol tags (`<calc>`, `</calc>`, `<answer>`, ...) are
 single added tokens, so a tool call's close tag is one token the engine can stop on. The model is
 a real `transformers.LlamaForCausalLM`; the same code path serves any Hugging Face causal LM.
+
+`model.tiny.words` makes whole words single tokens too (a word-level tiny model): a request's
+"delete" and a call's "remove" are then one token each, not a run of characters the model must
+learn to read. Words come after every char id, so the char tokens' ids do not depend on them.
 """
 
 from __future__ import annotations
 
+import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -23,18 +29,40 @@ TAGS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A char-level WordLevel tokenizer over printable ASCII plus the protocol tags.
+#: What `model.tiny.words` may hold: identifier-like words of two characters or more.
+WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")
 
-    The pre-tokenizer isolates each tag first, then every remaining character, so
-    `decode(encode(s)) == s` for any printable-ASCII string (tested).
+
+def check_words(words: Sequence[str]) -> None:
+    """Refuse what cannot be a word token (the config names the key: `model.tiny.words`)."""
+    for i, word in enumerate(words):
+        if not WORD.fullmatch(word):
+            raise ValueError(
+                f"{word!r} is not a word: letters, digits and '_', two or more, not starting with a digit"
+            )
+        if word in words[:i]:
+            raise ValueError(f"{word!r} is listed twice")
+
+
+def build_tokenizer(words: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """A char-level WordLevel tokenizer over printable ASCII plus the protocol tags, plus `words`
+    as whole tokens where they stand as whole words (`\\b` on both sides: "mode" in "model" stays
+    characters).
+
+    The pre-tokenizer isolates each tag first, then each listed word, then every remaining
+    character, so `decode(encode(s)) == s` for any printable-ASCII string (tested).
     """
+    check_words(words)
     chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
-    vocab_list = [PAD, BOS, EOS, UNK, *TAGS, *chars]
+    vocab_list = [PAD, BOS, EOS, UNK, *TAGS, *chars, *words]
     vocab = {tok: i for i, tok in enumerate(vocab_list)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tag_alternatives = "|".join(t.replace("/", "\\/") for t in TAGS)
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(f"{tag_alternatives}|[\\s\\S]"), behavior="isolated")
+    longest_first = sorted(words, key=len, reverse=True)
+    word_alternative = f"\\b(?:{'|'.join(longest_first)})\\b|" if words else ""
+    tok.pre_tokenizer = pre_tokenizers.Split(
+        Regex(f"{tag_alternatives}|{word_alternative}[\\s\\S]"), behavior="isolated"
+    )
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK

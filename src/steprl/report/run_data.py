@@ -179,7 +179,7 @@ def load_decoder(run_dir: Path, config: Mapping[str, Any]) -> tuple[Callable[[li
     if str((config.get("model") or {}).get("name") or "tiny") == "tiny":
         from steprl.models.tiny import build_tokenizer
 
-        tiny = build_tokenizer()
+        tiny = build_tokenizer(((config.get("model") or {}).get("tiny") or {}).get("words") or ())
         return (lambda ids: str(tiny.decode(ids))), ""
     try:
         from transformers import AutoTokenizer

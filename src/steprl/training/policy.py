@@ -75,7 +75,8 @@ def warm_start_cache(cfg: Config, run: setup.RunEnvs, tasks: list[Task]) -> Warm
     config = json.dumps(
         {
             "recipe": SFT_RECIPE_VERSION,
-            "tiny": cfg.model.tiny.model_dump(),
+            # words only when set: a char-level warm start keeps the key it had before they existed
+            "tiny": cfg.model.tiny.model_dump(exclude=set() if cfg.model.tiny.words else {"words"}),
             "sft": cfg.model.sft.model_dump(),
             "env": _env_key(cfg, run),
             "system_prompt": setup.system_prompt_mode(cfg),  # part of every demonstration's tokens
@@ -212,7 +213,8 @@ def load_policy(
         )
     fmt = setup.prompt_format(cfg, tokenizer)
 
-    log(f"SFT warm start of the tiny policy {cfg.model.tiny.model_dump()}")
+    words = f", {len(cfg.model.tiny.words)} words" if cfg.model.tiny.words else ""
+    log(f"SFT warm start of the tiny policy {cfg.model.tiny.spec_fields()}{words}")
     for phase, weights, steps, lr in (
         ("skills", {s.skill_strategy: 1.0}, s.skill_steps, s.lr),
         ("mixture", dict(s.strategies), s.steps, s.mix_lr),
@@ -274,11 +276,11 @@ def _tiny_template(cfg: Config) -> str | None:
 
 def _random_tiny(cfg: Config) -> tuple[Any, Any]:
     """The tiny model of `model.tiny`, randomly initialised from `run.seed`, and its tokenizer."""
-    tokenizer = tiny.build_tokenizer()
+    tokenizer = tiny.build_tokenizer(cfg.model.tiny.words)
     tokenizer.chat_template = _tiny_template(cfg)
     model = tiny.build_model(
         len(tokenizer),
-        tiny.TinyModelSpec(**cfg.model.tiny.model_dump()),
+        tiny.TinyModelSpec(**cfg.model.tiny.spec_fields()),
         seed=cfg.run.seed,
         pad_id=tokenizer.pad_token_id,
         bos_id=tokenizer.bos_token_id,

@@ -199,7 +199,14 @@ def check_config_change(cfg: Config, checkpoint: Path) -> None:
     """CKPT-06: resuming under a different config is refused unless allowed, naming the keys."""
     before = _flat(yaml.safe_load((checkpoint / "config.yaml").read_text()))
     now = _flat(yaml.safe_load(dump_config(cfg)))
-    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    # a key the checkpoint's config lacks and that holds its default now is a setting steprl
+    # gained since that checkpoint: the run trains as it did, so it is not a change
+    default = _flat(yaml.safe_load(dump_config(Config())))
+    changed = sorted(
+        k
+        for k in before.keys() | now.keys()
+        if before.get(k) != now.get(k) and not (k not in before and k in default and now[k] == default[k])
+    )
     changed = [k for k in changed if k not in RESUMABLE_CHANGES]
     if changed and not cfg.run.allow_config_change:
         shown = ", ".join(f"{k} ({before.get(k)!r} -> {now.get(k)!r})" for k in changed[:6])
