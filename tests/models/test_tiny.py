@@ -24,13 +24,14 @@ def test_tags_are_single_tokens(tokenizer):
 
 WORDS = ["delete", "remove", "mode", "file_id", "the"]
 PRINTABLE = string.printable.replace("\r", "").replace("\x0b", "").replace("\x0c", "")
+CHARS, BY_WORD = build_tokenizer(), build_tokenizer(WORDS)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(WORDS) | st.text(alphabet=PRINTABLE, max_size=6), max_size=12))
 def test_a_word_level_tokenizer_roundtrips_and_keeps_the_char_ids(pieces):
     text = "".join(pieces)
-    chars, words = build_tokenizer(), build_tokenizer(WORDS)
+    chars, words = CHARS, BY_WORD
     ids = words.encode(text, add_special_tokens=False)
     assert words.decode(ids) == text
     # a char's id is the same with or without words: words only add ids after the chars'
@@ -39,7 +40,7 @@ def test_a_word_level_tokenizer_roundtrips_and_keeps_the_char_ids(pieces):
 
 
 def test_a_listed_word_is_one_token_only_where_it_stands_whole():
-    tok = build_tokenizer(WORDS)
+    tok = BY_WORD
     ids = tok.encode('"mode": delete model_x file_ids F92', add_special_tokens=False)
     tokens = tok.convert_ids_to_tokens(ids)
     assert tokens[:5] == ['"', "mode", '"', ":", " "] and "delete" in tokens
