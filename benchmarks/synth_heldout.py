@@ -37,19 +37,21 @@ def interval(xs: list[float]) -> str:
     return f"{m:.3f} [{m - h:.3f}, {m + h:.3f}]"
 
 
-def yaml_eval_tasks(config: Path) -> int:
+def yaml_eval_tasks(config: Path, run: Path) -> int:
+    """Eval episodes per evaluation: the run's own config (a `--set` may have changed it)."""
     import yaml
 
-    return int(yaml.safe_load(config.read_text())["trainer"]["eval_tasks"])
+    saved = run / "config.yaml"
+    return int(yaml.safe_load((saved if saved.exists() else config).read_text())["trainer"]["eval_tasks"])
 
 
-def run_seed(seed: int, steps: int, out: Path, config: Path) -> float:
+def run_seed(seed: int, steps: int, out: Path, config: Path, extra: tuple[str, ...] = ()) -> float:
     started = time.perf_counter()
     cmd = [
         sys.executable, "-c", "from steprl.cli import main; main()", "train", str(config),
         "--set", f"run.seed={seed}", "--set", f"run.output_dir={out}", "--set", f"run.name=seed{seed}",
         "--set", f"trainer.total_steps={steps}", "--set", "logging.progress=false",
-    ]  # fmt: skip
+    ] + [a for kv in extra for a in ("--set", kv)]  # fmt: skip
     with (out / f"seed{seed}.log").open("w") as log:
         subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
     return time.perf_counter() - started
@@ -97,7 +99,7 @@ def by_shape(out: Path, seeds: list[int], first: int, last: int, config: Path) -
 def table(out: Path, seeds: list[int], config: Path) -> None:
     runs = {s: curves(out, s) for s in seeds}
     steps = sorted(set.intersection(*(set(h) for h, _ in runs.values())))
-    episodes = yaml_eval_tasks(config)
+    episodes = yaml_eval_tasks(config, out / f"seed{seeds[0]}")
     print(f"\nheld-out success on unseen DAG shapes (seeds {seeds}; {episodes} eval episodes each)")
     print(
         "| step | "
@@ -149,6 +151,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "synth_heldout")
     ap.add_argument("--table", action="store_true", help="print the tables of finished runs")
     ap.add_argument("--config", type=Path, default=CONFIG, help="a variant of the protocol's config")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="passed on to each seed's `steprl train` (a smoke at a small shape; not for a protocol's runs)",
+    )  # fmt: skip
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +165,7 @@ def main() -> None:
             ).exists():
                 print(f"seed {seed}: done before, kept")
                 continue
-            took = run_seed(seed, args.steps, args.out, args.config)
+            took = run_seed(seed, args.steps, args.out, args.config, tuple(args.set))
             print(f"seed {seed}: {took:.0f} s (SFT warm start included)", flush=True)
     table(args.out, seeds, args.config)
 
