@@ -6,6 +6,7 @@ log-softmax over the whole vocabulary.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 import pytest
@@ -22,6 +23,8 @@ from transformers import (
 )
 
 from steprl.errors import UserError
+from steprl.rollout.engines.base import SamplingParams
+from steprl.rollout.engines.hf import HFEngine
 from steprl.training.batching import last_hidden, logprobs_at, token_logprobs
 
 B, T = 3, 12
@@ -332,3 +335,29 @@ def test_a_head_with_dropout_gets_the_forward_masks_gradient():
     grads = torch.autograd.grad(lp.sum() + ent.sum(), [hidden, model.head[1].weight])
     for got, want in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_bf16_engine_samples_from_the_learners_fp32_logits():
+    """A bf16 model's own logits are rounded to bf16 (about 0.06 at a logit of 20): an engine
+    sampling from them records log-probs the learner's fp32 head does not reproduce. The engine
+    applies the learner's head instead (models/heads.py); what is left is the bf16 backbone's
+    cached decode against the learner's full forward. Mean |engine - learner| over 6 rollouts."""
+    model = make_model("gemma3").to(torch.bfloat16)
+
+    def mismatch(engine_logits_in_bf16: bool) -> float:
+        diffs = []
+        for seed in range(6):
+            engine = HFEngine(model, eos_token_id=1, pad_token_id=0, seed=3, prefix_cache_bytes=0)
+            if engine_logits_in_bf16:  # the path before: the model's own (bf16) logits
+                engine.fp32_head = None
+            prompt = [2, 5 + seed, 9, 11]
+            gen = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=12), seed=seed))
+            ids = torch.tensor([prompt + list(gen.token_ids)])
+            mask = torch.zeros(1, ids.shape[1] - 1)
+            mask[0, len(prompt) - 1 :] = 1
+            with torch.no_grad():
+                logp, _ = token_logprobs(model, ids, torch.ones_like(ids), mask=mask)
+            diffs.append(float((logp[0, len(prompt) - 1 :] - torch.tensor(gen.logprobs)).abs().mean()))
+        return sum(diffs) / len(diffs)
+
+    assert mismatch(engine_logits_in_bf16=False) < 0.004 < mismatch(engine_logits_in_bf16=True)

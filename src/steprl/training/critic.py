@@ -57,7 +57,7 @@ def per_token_values(
     with torch.no_grad():
         for m0 in range(0, len(samples), micro_batch_size):
             chunk = samples[m0 : m0 + micro_batch_size]
-            b = collate(chunk, pad_id)
+            b = collate(chunk, pad_id).to(next(model.parameters()).device)
             v = values_of(model, head, b.input_ids, b.attention)
             for i, s in enumerate(chunk):
                 out.append(tuple(v[i, : len(s.input_ids) - 1].tolist()))
@@ -79,7 +79,7 @@ class SeparateCritic:
     ) -> None:
         self.model = copy.deepcopy(policy).train()
         config: Any = policy.config
-        self.head = ValueHead(int(config.hidden_size))
+        self.head = ValueHead(int(config.hidden_size)).to(next(policy.parameters()).device)
         self.value_clip = value_clip
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
@@ -110,8 +110,10 @@ class SeparateCritic:
                 total = 0.0
                 for m0 in range(0, len(rows), self.micro_batch_size):
                     idx = mb[m0 : m0 + self.micro_batch_size]
-                    b = collate([samples[i] for i in idx], self.pad_id)
-                    old = collate_values([old_values[i] for i in idx], b.loss_mask.shape)
+                    b = collate([samples[i] for i in idx], self.pad_id).to(self.head.proj.weight.device)
+                    old = collate_values([old_values[i] for i in idx], b.loss_mask.shape).to(
+                        b.input_ids.device
+                    )
                     v = values_of(self.model, self.head, b.input_ids, b.attention)
                     loss = value_loss(
                         v, old, b.returns, b.loss_mask, clip=self.value_clip, num_tokens=n_tokens

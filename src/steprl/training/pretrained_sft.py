@@ -68,6 +68,9 @@ def warm_start(
         f"SFT warm start of {cfg.model.name}: {len(demos)} {s.skill_strategy} demonstrations "
         f"({time.perf_counter() - t0:.1f}s); {s.skill_steps} steps of {s.batch_size}"
     )
+    # on the run's device: a 270M model's SFT on a GPU's host CPU takes hours (the learner would
+    # move it there only after the warm start)
+    model = model.to(cfg.model.device)
     sft.sft_train(
         model,
         demos,

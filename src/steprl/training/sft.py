@@ -119,11 +119,12 @@ def sft_train(
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
+    device = next(model.parameters()).device  # the batch goes where the model is
     losses = []
     t0 = time.perf_counter()
     for step in range(steps):
         idx = torch.randint(len(demos), (batch_size,), generator=gen).tolist()
-        batch = collate([demos[i].sample for i in idx], pad_id)
+        batch = collate([demos[i].sample for i in idx], pad_id).to(device)
         logp, _ = token_logprobs(model, batch.input_ids, batch.attention, mask=batch.loss_mask)
         loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -116,6 +117,9 @@ def _train(
     stop = cleanup.enter_context(StopOnSignal())
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.run.seed)
+    # on CUDA, cuBLAS is deterministic only with a fixed workspace, read when its first handle is
+    # made (before any model runs); a user's own setting wins
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     for warning in config_warnings(cfg):
         log(f"WARNING: {warning}")

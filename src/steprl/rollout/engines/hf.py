@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from steprl.models.heads import head_logits
 from steprl.rollout.engines.base import Generation, SamplingParams
 from steprl.rollout.engines.decode import Request, RunningBatch
 from steprl.rollout.engines.kv_cache import engine_cache, preloadable
@@ -72,6 +73,13 @@ class HFEngine:
     ) -> None:
         self.model = model.to(device).eval()
         self.device = torch.device(device)
+        # a bf16/fp16 model's own logits are rounded to its dtype (about 0.06 at a logit of 20);
+        # the learner computes fp32 logits from the same hidden state (models/heads.py), so such
+        # an engine samples from those too, or old and new log-probs would differ before any update
+        hf: Any = self.model
+        head = hf.get_output_embeddings()
+        low = head is not None and head.weight.dtype != torch.float32
+        self.fp32_head = head_logits(self.model) if low else None
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -99,6 +107,12 @@ class HFEngine:
             self.snapshots = Snapshots(cross_policy, self._snapshot_engine)
             self._settings = (max_batch_size, seed, prefix_cache_bytes, continuous)
             self._draws = torch.Generator().manual_seed(seed ^ 0x5EED)  # requests without a seed
+
+    def next_logits(self, out: Any) -> torch.Tensor:
+        """(B, V) fp32 logits of each row's next token from a forward pass's output."""
+        if self.fp32_head is None:
+            return out.logits[:, -1, :].float()
+        return self.fp32_head(out.hidden_states[-1][:, -1])
 
     def _snapshot_engine(self, model: torch.nn.Module, version: int) -> HFEngine:
         batch, seed, prefix, continuous = self._settings

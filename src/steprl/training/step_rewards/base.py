@@ -118,6 +118,10 @@ def chunks_by_trajectory(data: StepData, size: int) -> Iterator[list[int]]:
         yield [i for t in trajs[k : k + size] for i in by_traj[t]]
 
 
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def rows_batch(data: StepData, rows: Sequence[int], pad_id: int) -> tuple[Batch, Tensor]:
     """The rows collated (unpacked) and their slice of the global token_step, (b, T')."""
     b = collate([data.views[i] for i in rows], pad_id)
@@ -128,10 +132,13 @@ def rows_batch(data: StepData, rows: Sequence[int], pad_id: int) -> tuple[Batch,
 def token_logprobs(model: nn.Module, b: Batch, temperature: float) -> Tensor:
     """(b, T') log-probs of the sampled tokens under `model`, 0 off the mask (with gradient when
     enabled): the learner's own computation, so an unchanged copy reproduces its numbers."""
+    # the step data lives on the CPU; the model where the learner put it (a GPU): the batch goes
+    # there and the log-probs come back (`.cpu()` keeps the graph)
+    g = b.to(device_of(model))
     logp, _ = logprobs_at(
-        model, last_hidden(model, b.input_ids, b.attention), b.input_ids, b.loss_mask, temperature
+        model, last_hidden(model, g.input_ids, g.attention), g.input_ids, g.loss_mask, temperature
     )
-    return logp
+    return logp.cpu()
 
 
 class ValueModel(nn.Module):
@@ -142,12 +149,14 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = copy.deepcopy(policy).train()
         config: Any = policy.config
-        self.head = ValueHead(int(config.hidden_size))
+        self.head = ValueHead(int(config.hidden_size)).to(device_of(policy))
 
     def at(self, b: Batch, rows: Tensor, cols: Tensor) -> Tensor:
-        """(K,) the head on the hidden state at input positions (rows[k], cols[k])."""
-        hidden = last_hidden(self.backbone, b.input_ids, b.attention)
-        return self.head(hidden[rows, cols])
+        """(K,) the head on the hidden state at input positions (rows[k], cols[k]), on the CPU
+        where the step data is (the backbone may be on a GPU)."""
+        dev = device_of(self.backbone)
+        hidden = last_hidden(self.backbone, b.input_ids.to(dev), b.attention.to(dev))
+        return self.head(hidden[rows.to(dev), cols.to(dev)]).cpu()
 
 
 class ValueKind:
