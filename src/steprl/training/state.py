@@ -29,11 +29,18 @@ class RngState:
     torch_global: torch.Tensor
     python: tuple[Any, ...]
     numpy: dict[str, Any]
+    #: each GPU's generator (dropout on a GPU draws from it); () without CUDA, and in checkpoints
+    #: written before it was kept
+    cuda: tuple[torch.Tensor, ...] = ()
 
     @staticmethod
     def capture(shuffle: torch.Generator) -> RngState:
         return RngState(
-            shuffle.get_state(), torch.get_rng_state(), random.getstate(), np.random.get_state(legacy=False)
+            shuffle.get_state(),
+            torch.get_rng_state(),
+            random.getstate(),
+            np.random.get_state(legacy=False),
+            tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else (),
         )
 
     def restore(self, shuffle: torch.Generator) -> None:
@@ -41,6 +48,8 @@ class RngState:
         torch.set_rng_state(self.torch_global)
         random.setstate(self.python)
         np.random.set_state(self.numpy)
+        if self.cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(list(self.cuda))
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class TrainState:
                 "torch_global": self.rng.torch_global,
                 "python": self.rng.python,
                 "numpy": self.rng.numpy,
+                "cuda": list(self.rng.cuda),
             },
             "env_ids": dict(self.env_ids),
             "pending": [(i, task_dict(t)) for i, t in self.pending],
@@ -76,7 +86,9 @@ class TrainState:
         return TrainState(
             step=int(d["step"]),
             policy_version=int(d["policy_version"]),
-            rng=RngState(r["shuffle"], r["torch_global"], tuple(r["python"]), r["numpy"]),
+            rng=RngState(
+                r["shuffle"], r["torch_global"], tuple(r["python"]), r["numpy"], tuple(r.get("cuda", ()))
+            ),
             env_ids=dict(d["env_ids"]),
             pending=tuple((int(i), task_from_dict(t)) for i, t in d.get("pending", [])),
         )
