@@ -12,8 +12,8 @@ must follow each other at once:
     device:  carry [".devkit/c0"]:  python3 benchmarks/device_kit.py receive .devkit/c0
              ... one call per piece, c1, c2, ...
              carry [".devkit/wheels"]:  python3 benchmarks/device_kit.py start .devkit/wheels \\
-                 && python3 benchmarks/device_kit.py poll --wait 500
-             python3 benchmarks/device_kit.py poll --wait 500       # until the seeds are done
+                 && python3 benchmarks/device_kit.py poll --wait 360
+             python3 benchmarks/device_kit.py poll --wait 540       # until the seeds are done
 
 `start` joins the pieces (checking the whole file's sha256), installs the wheels under
 `/tmp/site`, converts the GGUF once, then starts the seeds, each as a `synth_heldout.py` process
