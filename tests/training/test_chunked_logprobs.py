@@ -341,15 +341,19 @@ def test_a_bf16_engine_samples_from_the_learners_fp32_logits():
     """A bf16 model's own logits are rounded to bf16 (about 0.06 at a logit of 20): an engine
     sampling from them records log-probs the learner's fp32 head does not reproduce. The engine
     applies the learner's head instead (models/heads.py); what is left is the bf16 backbone's
-    cached decode against the learner's full forward. Mean |engine - learner| over 6 rollouts."""
-    model = make_model("gemma3").to(torch.bfloat16)
+    cached decode against the learner's full forward. Mean |engine - learner| over 6 rollouts,
+    with the head's weights changed in place halfway (the engine keeps an fp32 copy of them)."""
 
     def mismatch(engine_logits_in_bf16: bool) -> float:
+        model = make_model("gemma3").to(torch.bfloat16)
+        engine = HFEngine(model, eos_token_id=1, pad_token_id=0, seed=3, prefix_cache_bytes=0)
+        if engine_logits_in_bf16:  # the path before: the model's own (bf16) logits
+            engine.fp32_head = None
         diffs = []
         for seed in range(6):
-            engine = HFEngine(model, eos_token_id=1, pad_token_id=0, seed=3, prefix_cache_bytes=0)
-            if engine_logits_in_bf16:  # the path before: the model's own (bf16) logits
-                engine.fp32_head = None
+            if seed == 3:  # as a weight update does: in place
+                with torch.no_grad():
+                    model.get_output_embeddings().weight.mul_(0.5)
             prompt = [2, 5 + seed, 9, 11]
             gen = asyncio.run(engine.generate(prompt, SamplingParams(max_new_tokens=12), seed=seed))
             ids = torch.tensor([prompt + list(gen.token_ids)])

@@ -31,6 +31,7 @@ from steprl.training.lora import (  # noqa: E402
     apply_lora,
     is_peft,
 )
+from steprl.training.step_rewards.base import device_of  # noqa: E402
 from tiny_runs import make_learner, small_config  # noqa: E402
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -277,6 +278,7 @@ def test_adapters_disabled_gives_the_base_and_leaves_the_policy_alone(base, toke
     ref = AdaptersDisabled(pm).eval().to("cpu")
     assert pm.training  # .eval() on the reference does not reach the policy
     assert list(ref.parameters()) == []  # and no weights of its own
+    assert device_of(ref) == torch.device("cpu")  # so the step rewards ask its head where it runs
     ids = _ids(tokenizer, 2)
     assert not torch.allclose(_logits(pm, ids), _logits(plain, ids), atol=1e-3)  # the adapters matter
     torch.testing.assert_close(_logits(ref, ids), _logits(plain, ids), atol=1e-6, rtol=0)

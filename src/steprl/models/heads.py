@@ -46,3 +46,33 @@ def text_config(model: nn.Module) -> Any:
     """The language model's config (a multimodal config keeps it under `text_config`)."""
     cfg: Any = model.config
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+class GenerationHead:
+    """`head_logits` for generation (no graph), for an engine whose head is not fp32: the fp32
+    copy of the head's weight is kept while the weight is unchanged, since the engine calls it at
+    every decode step (Gemma 3's 262,144 x 640 head is 671 MB in fp32). Any in-place change
+    (a weight update, a LoRA merge, an optimizer step on a shared model) bumps the tensor's
+    version counter, and a moved or recast weight is another tensor: either makes a new copy."""
+
+    def __init__(self, model: nn.Module) -> None:
+        hf: Any = model
+        self.head = hf.get_output_embeddings()
+        self.cap = getattr(text_config(model), "final_logit_softcapping", None)
+        self.fallback = None if isinstance(self.head, nn.Linear) else head_logits(model)
+        self._of: tuple[Any, ...] = ()  # the tensors the copy was made of, and their versions
+        self._weight: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        if self.fallback is not None:  # a head with its own forward (a peft layer)
+            return self.fallback(h)
+        w, b = self.head.weight, self.head.bias
+        of = (w, w._version, b, None if b is None else b._version)
+        stale = not self._of or self._of[0] is not w or self._of[2] is not b or self._of[1::2] != of[1::2]
+        if stale:
+            self._weight, self._bias, self._of = w.float(), (None if b is None else b.float()), of
+        assert self._weight is not None
+        z = F.linear(h.float(), self._weight, self._bias)
+        return torch.tanh(z / self.cap) * self.cap if self.cap else z

@@ -185,7 +185,10 @@ def build(
     # a frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the base
     # with the adapters switched off)
     ref_model = (
-        (AdaptersDisabled(policy.model) if cfg.model.lora else copy.deepcopy(policy.model)).eval()
+        # on the run's device: the learner moves its own, the in-reward KL reads this one as is
+        (AdaptersDisabled(policy.model) if cfg.model.lora else copy.deepcopy(policy.model))
+        .eval()
+        .to(cfg.model.device)
         if algo.kl_coef > 0
         else None
     )

@@ -40,7 +40,8 @@ class RngState:
             torch.get_rng_state(),
             random.getstate(),
             np.random.get_state(legacy=False),
-            tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else (),
+            # only where this process uses CUDA: asking starts it on every visible GPU
+            tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_initialized() else (),
         )
 
     def restore(self, shuffle: torch.Generator) -> None:
@@ -48,8 +49,8 @@ class RngState:
         torch.set_rng_state(self.torch_global)
         random.setstate(self.python)
         np.random.set_state(self.numpy)
-        if self.cuda and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(list(self.cuda))
+        if self.cuda and torch.cuda.is_available():  # a machine with fewer GPUs: the ones it has
+            torch.cuda.set_rng_state_all(list(self.cuda)[: torch.cuda.device_count()])
 
 
 @dataclass(frozen=True)

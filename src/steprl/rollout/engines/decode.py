@@ -185,7 +185,7 @@ class RunningBatch:
             position_ids=positions,
             use_cache=True,
             logits_to_keep=1,
-            output_hidden_states=e.fp32_head is not None,
+            output_hidden_states=e.hidden_states,
             **{e.cache_kw: self.past},
         )
         e.forward_passes += 1
@@ -239,7 +239,7 @@ class RunningBatch:
             position_ids=positions.to(e.device),
             use_cache=True,
             logits_to_keep=1,
-            output_hidden_states=e.fp32_head is not None,
+            output_hidden_states=e.hidden_states,
             **{e.cache_kw: past},
         )
         e.forward_passes += 1

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from steprl.models.heads import head_logits
+from steprl.models.heads import GenerationHead
 from steprl.rollout.engines.base import Generation, SamplingParams
 from steprl.rollout.engines.decode import Request, RunningBatch
 from steprl.rollout.engines.kv_cache import engine_cache, preloadable
@@ -77,9 +77,11 @@ class HFEngine:
         # the learner computes fp32 logits from the same hidden state (models/heads.py), so such
         # an engine samples from those too, or old and new log-probs would differ before any update
         hf: Any = self.model
-        head = hf.get_output_embeddings()
-        low = head is not None and head.weight.dtype != torch.float32
-        self.fp32_head = head_logits(self.model) if low else None
+        weight = getattr(hf.get_output_embeddings(), "weight", None)
+        low = weight is not None and weight.dtype != torch.float32
+        self.fp32_head = GenerationHead(self.model) if low else None
+        # only the last layer's hidden state is kept (transformers >= 5.x; older ones keep all)
+        self.hidden_states: Any = [-1] if low else False
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size

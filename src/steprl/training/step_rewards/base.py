@@ -119,7 +119,13 @@ def chunks_by_trajectory(data: StepData, size: int) -> Iterator[list[int]]:
 
 
 def device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Where `model` computes: its first parameter's device, or its head's for a module that
+    registers none (`AdaptersDisabled`, a LoRA run's KL reference)."""
+    first = next(model.parameters(), None)
+    if first is not None:
+        return first.device
+    hf: Any = model
+    return hf.get_output_embeddings().weight.device
 
 
 def rows_batch(data: StepData, rows: Sequence[int], pad_id: int) -> tuple[Batch, Tensor]:
