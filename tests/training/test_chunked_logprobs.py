@@ -346,9 +346,16 @@ def test_a_bf16_engine_samples_from_the_learners_fp32_logits():
 
     def mismatch(engine_logits_in_bf16: bool) -> float:
         model = make_model("gemma3").to(torch.bfloat16)
-        engine = HFEngine(model, eos_token_id=1, pad_token_id=0, seed=3, prefix_cache_bytes=0)
-        if engine_logits_in_bf16:  # the path before: the model's own (bf16) logits
-            engine.fp32_head = None
+        # fp32_head=False: the model's own (bf16) logits, what a CPU engine keeps by default (the
+        # fp32 head halves its speed there; on a GPU the head is on by default)
+        engine = HFEngine(
+            model,
+            eos_token_id=1,
+            pad_token_id=0,
+            seed=3,
+            prefix_cache_bytes=0,
+            fp32_head=not engine_logits_in_bf16,
+        )
         diffs = []
         for seed in range(6):
             if seed == 3:  # as a weight update does: in place
@@ -365,3 +372,5 @@ def test_a_bf16_engine_samples_from_the_learners_fp32_logits():
         return sum(diffs) / len(diffs)
 
     assert mismatch(engine_logits_in_bf16=False) < 0.004 < mismatch(engine_logits_in_bf16=True)
+    cpu_default = HFEngine(make_model("gemma3").to(torch.bfloat16), eos_token_id=1, pad_token_id=0)
+    assert cpu_default.fp32_head is None
