@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from steprl.errors import UserError
-from steprl.models.heads import head_logits, text_config
 from steprl.rollout.views import Sample, targets
 from steprl.training.packing import Tree, pack, tree_tensors
 from steprl.training.tree_forward import tree_hidden
@@ -175,11 +175,44 @@ def packing_unsupported(model: nn.Module) -> str | None:
     """Why prefix-tree rows (segments run after their ancestors' keys and values, handed in as
     the KV cache) would be wrong for `model`, or None when they are exact: full attention in
     every layer, so a cached prefix is all a segment needs."""
-    cfg = text_config(model)
+    cfg = _text_config(model)
     kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"} or getattr(cfg, "sliding_window", None):
         return f"layer types {sorted(kinds)} (a sliding window ignores a custom mask)"
     return None
+
+
+def head_logits(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden (N, H) -> fp32 logits (N, V), as the model's forward makes them (soft-cap included).
+
+    fp32 weights even for a bf16 model, so log-probs are fp32 like the engine's `.float()` logits.
+    """
+    hf: Any = model  # a transformers model, a peft wrapper or anything exposing the same two
+    head = hf.get_output_embeddings()
+    cap = getattr(_text_config(model), "final_logit_softcapping", None)  # Gemma 2/3: cap * tanh(z / cap)
+    if isinstance(head, nn.Linear):
+
+        def linear(h: torch.Tensor) -> torch.Tensor:
+            # .float() is the parameter itself for fp32 models; a bf16 head is cast per call so
+            # each recompute in the backward builds its own graph to the parameter
+            bias = head.bias.float() if head.bias is not None else None
+            return F.linear(h.float(), head.weight.float(), bias)
+    else:  # e.g. a peft LoRA layer on lm_head: only its own forward knows the adapter
+
+        def linear(h: torch.Tensor) -> torch.Tensor:
+            return head(h).float()
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        z = linear(h)
+        return torch.tanh(z / cap) * cap if cap else z
+
+    return logits
+
+
+def _text_config(model: nn.Module) -> Any:
+    """The language model's config (a multimodal config keeps it under `text_config`)."""
+    cfg: Any = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def _check_head(model: nn.Module, hidden: torch.Tensor, model_logits: torch.Tensor) -> None:
@@ -304,7 +337,7 @@ def logprobs_at(
     logits_of = head_logits(model)
     hf: Any = model
     head = hf.get_output_embeddings()
-    vocab = int(text_config(model).vocab_size)
+    vocab = int(_text_config(model).vocab_size)
     size = chunk_size or max(1, CHUNK_BYTES // (4 * vocab))
     params = [p for p in head.parameters() if p.requires_grad]
     parts = []

@@ -185,11 +185,10 @@ class RunningBatch:
             position_ids=positions,
             use_cache=True,
             logits_to_keep=1,
-            output_hidden_states=e.hidden_states,
             **{e.cache_kw: self.past},
         )
         e.forward_passes += 1
-        self.logits = e.next_logits(out)
+        self.logits = out.logits[:, -1, :].float()
         for r in self.rows:
             r.cols.append(column)
             r.pos += 1
@@ -239,11 +238,10 @@ class RunningBatch:
             position_ids=positions.to(e.device),
             use_cache=True,
             logits_to_keep=1,
-            output_hidden_states=e.hidden_states,
             **{e.cache_kw: past},
         )
         e.forward_passes += 1
-        logits = e.next_logits(out)
+        logits = out.logits[:, -1, :].float()
         if n < len(prompts):  # every duplicate gets its own copy of the one prefilled row
             where = {p: u for u, p in enumerate(unique)}
             rows = [where[p] for p in prompts]

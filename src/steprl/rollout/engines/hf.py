@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from steprl.models.heads import GenerationHead
 from steprl.rollout.engines.base import Generation, SamplingParams
 from steprl.rollout.engines.decode import Request, RunningBatch
 from steprl.rollout.engines.kv_cache import engine_cache, preloadable
@@ -70,24 +69,9 @@ class HFEngine:
         prefix_cache_bytes: int = 1 << 30,
         continuous: bool = True,
         cross_policy: CrossPolicy | None = None,
-        fp32_head: bool | None = None,
     ) -> None:
         self.model = model.to(device).eval()
         self.device = torch.device(device)
-        # a bf16/fp16 model's own logits are rounded to its dtype (about 0.06 at a logit of 20);
-        # the learner computes fp32 logits from the same hidden state (models/heads.py), so such
-        # an engine samples from those too (`fp32_head`; None: on a GPU, where it costs nothing
-        # measurable), or old and new log-probs differ before any update. On a CPU it halves a bf16
-        # engine's speed, to an fp32 engine's (Gemma 3 270M: 62 against 116 tok/s; fp32 engine 65),
-        # so a CPU bf16 engine keeps its own logits: the speed it was chosen for
-        hf: Any = self.model
-        weight = getattr(hf.get_output_embeddings(), "weight", None)
-        low = weight is not None and weight.dtype != torch.float32
-        self._fp32_head = fp32_head
-        use = low and (fp32_head if fp32_head is not None else self.device.type != "cpu")
-        self.fp32_head = GenerationHead(self.model) if use else None
-        # only the last layer's hidden state is kept (transformers >= 5.x; older ones keep all)
-        self.hidden_states: Any = [-1] if use else False
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -116,12 +100,6 @@ class HFEngine:
             self._settings = (max_batch_size, seed, prefix_cache_bytes, continuous)
             self._draws = torch.Generator().manual_seed(seed ^ 0x5EED)  # requests without a seed
 
-    def next_logits(self, out: Any) -> torch.Tensor:
-        """(B, V) fp32 logits of each row's next token from a forward pass's output."""
-        if self.fp32_head is None:
-            return out.logits[:, -1, :].float()
-        return self.fp32_head(out.hidden_states[-1][:, -1])
-
     def _snapshot_engine(self, model: torch.nn.Module, version: int) -> HFEngine:
         batch, seed, prefix, continuous = self._settings
         return HFEngine(
@@ -134,7 +112,6 @@ class HFEngine:
             version=version,
             prefix_cache_bytes=prefix,
             continuous=continuous,
-            fp32_head=self._fp32_head,  # as this engine was asked
         )
 
     @classmethod
