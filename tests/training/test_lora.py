@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM  # 
 from steprl.models import tiny  # noqa: E402
 from steprl.rollout.engines.hf import EngineSettings, HFEngine  # noqa: E402
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
-from steprl.training.batching import token_logprobs  # noqa: E402
+from steprl.training.batching import device_of, token_logprobs  # noqa: E402
 from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint  # noqa: E402
 from steprl.training.lora import (  # noqa: E402
     AdaptersDisabled,
@@ -31,7 +31,6 @@ from steprl.training.lora import (  # noqa: E402
     apply_lora,
     is_peft,
 )
-from steprl.training.step_rewards.base import device_of  # noqa: E402
 from tiny_runs import make_learner, small_config  # noqa: E402
 
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -143,6 +143,16 @@ def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
 CHUNK_BYTES = 64 * 2**20
 
 
+def device_of(model: nn.Module) -> torch.device:
+    """Where `model` computes: its first parameter's device, or its head's for a module that
+    registers none (`AdaptersDisabled`, a LoRA run's KL reference)."""
+    first = next(model.parameters(), None)
+    if first is not None:
+        return first.device
+    hf: Any = model
+    return hf.get_output_embeddings().weight.device
+
+
 def last_hidden(model: nn.Module, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
     """Final hidden states (B, T, H) of a causal LM, after its final norm, without (B, T, V) logits.
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from steprl.algorithms.losses import value_loss
 from steprl.rollout.views import Sample
-from steprl.training.batching import collate, minibatches
+from steprl.training.batching import collate, device_of, minibatches
 from steprl.training.guards import grad_metrics, guarded_step
 
 
@@ -57,7 +57,7 @@ def per_token_values(
     with torch.no_grad():
         for m0 in range(0, len(samples), micro_batch_size):
             chunk = samples[m0 : m0 + micro_batch_size]
-            b = collate(chunk, pad_id).to(next(model.parameters()).device)
+            b = collate(chunk, pad_id).to(device_of(model))
             v = values_of(model, head, b.input_ids, b.attention)
             for i, s in enumerate(chunk):
                 out.append(tuple(v[i, : len(s.input_ids) - 1].tolist()))
@@ -79,7 +79,7 @@ class SeparateCritic:
     ) -> None:
         self.model = copy.deepcopy(policy).train()
         config: Any = policy.config
-        self.head = ValueHead(int(config.hidden_size)).to(next(policy.parameters()).device)
+        self.head = ValueHead(int(config.hidden_size)).to(device_of(policy))
         self.value_clip = value_clip
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size

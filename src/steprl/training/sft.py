@@ -25,7 +25,7 @@ from steprl.rollout.context import ContextRule
 from steprl.rollout.demos import play_demos
 from steprl.rollout.loop import Budgets
 from steprl.rollout.views import Sample, packed_view, per_step_view
-from steprl.training.batching import collate, token_logprobs
+from steprl.training.batching import collate, device_of, token_logprobs
 from steprl.types import NOT_TRAINABLE, EndReason, Task
 
 
@@ -119,7 +119,7 @@ def sft_train(
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
-    device = next(model.parameters()).device  # the batch goes where the model is
+    device = device_of(model)  # the batch goes where the model is
     losses = []
     t0 = time.perf_counter()
     for step in range(steps):

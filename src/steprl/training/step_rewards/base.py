@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from steprl.algorithms.inputs import AdvantageInputs
 from steprl.rollout.views import Sample, targets
-from steprl.training.batching import Batch, collate, last_hidden, logprobs_at
+from steprl.training.batching import Batch, collate, device_of, last_hidden, logprobs_at
 from steprl.training.critic import ValueHead
 from steprl.types import Trajectory
 
@@ -116,16 +116,6 @@ def chunks_by_trajectory(data: StepData, size: int) -> Iterator[list[int]]:
     trajs = sorted(by_traj)
     for k in range(0, len(trajs), max(1, size)):
         yield [i for t in trajs[k : k + size] for i in by_traj[t]]
-
-
-def device_of(model: nn.Module) -> torch.device:
-    """Where `model` computes: its first parameter's device, or its head's for a module that
-    registers none (`AdaptersDisabled`, a LoRA run's KL reference)."""
-    first = next(model.parameters(), None)
-    if first is not None:
-        return first.device
-    hf: Any = model
-    return hf.get_output_embeddings().weight.device
 
 
 def rows_batch(data: StepData, rows: Sequence[int], pad_id: int) -> tuple[Batch, Tensor]:
