@@ -70,6 +70,7 @@ from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
 from steprl.training.stop_signal import StopOnSignal, StopRequested
+from steprl.training.warm_start_check import warn_if_weak
 from steprl.types import Trajectory
 
 EVAL_TRAJECTORIES = "eval_trajectories"  # <run_dir>/eval_trajectories/step_NNNNNN.parquet
@@ -182,6 +183,7 @@ def _train(
             f"warm start: {describe_eval(warm)} "
             f"({len(parts.eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
         )
+        warn_if_weak(cfg, warm_episodes, log)  # before RL: a warm start RL cannot lift
         _write_outputs(
             run_dir, 0, warm | took, [], metrics_sink, None, evaluated=(warm_episodes, eval_writer)
         )
