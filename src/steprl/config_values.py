@@ -5,7 +5,8 @@ count; ranges on every number with an obvious domain); this module holds what th
 declarations need around them:
 
 * `load_yaml`: YAML as users write numbers: `3e-4` is a float (YAML 1.1, PyYAML's default,
-  reads it as a string, which a strict integer or float field would then refuse);
+  reads it as a string, which a strict integer or float field would then refuse), read within
+  `steprl.bounded_yaml`'s bounds (size, nesting, alias expansion);
 * `check_params`: the `*_params` mappings, checked against the signature of the function their
   name picks: the keys, and each value against the parameter's own annotation (strict) and the
   domain of its name (`PARAM_RANGES`);
@@ -26,6 +27,7 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from steprl.bounded_yaml import MAX_BYTES, BoundedLoader, load_yaml_bounded
 from steprl.errors import UserError
 
 __all__ = [
@@ -37,13 +39,14 @@ __all__ = [
     "check_params",
     "format_errors",
     "load_yaml",
+    "load_yaml_bounded",
     "parse_override",
     "read_yaml",
 ]
 
 
-class _Loader(yaml.SafeLoader):
-    """safe_load, plus YAML 1.2's floats without a dot (`1e-4`, `3E5`)."""
+class _Loader(BoundedLoader):
+    """safe_load within bounds, plus YAML 1.2's floats without a dot (`1e-4`, `3E5`)."""
 
 
 _Loader.add_implicit_resolver(
@@ -53,8 +56,9 @@ _Loader.add_implicit_resolver(
 )
 
 
-def load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+def load_yaml(text: str, where: str = "YAML") -> Any:
+    """`text` as YAML; over a bound, a one-line `YamlTooLarge` that names `where`."""
+    return load_yaml_bounded(text, where, _Loader)
 
 
 #: The domain of a keyword param of the algorithms' functions, by name: a name means the same
@@ -211,7 +215,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.lr=3e-4)")
     key, raw = item.split("=", 1)
     try:
-        value = load_yaml(raw)
+        value = load_yaml(raw, f"override {item!r}")
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(
@@ -223,7 +227,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 def read_yaml(p: Path) -> Any:
     """A config file's YAML; a syntax error or an unreadable file is one line naming where."""
     try:
-        return load_yaml(p.read_text())
+        size = p.stat().st_size  # checked before reading: the text's own check comes too late
+        if size > MAX_BYTES:
+            raise ConfigError(
+                f"config file {p}: {size:,} bytes, over the {MAX_BYTES:,} a config may have; "
+                "is it the right file?"
+            )
+        return load_yaml(p.read_text(), str(p))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
