@@ -346,9 +346,9 @@ def _run_identity(run_dir: Path) -> tuple[str, str | None]:
     model_name = None
     config = run_dir / "config.yaml"
     if config.is_file():
-        import yaml
+        from steprl.bounded_yaml import load_yaml_bounded  # as yaml was: only when a config is read
 
-        loaded = yaml.safe_load(config.read_text(encoding="utf-8"))
+        loaded = load_yaml_bounded(config.read_text(encoding="utf-8"), str(config))
         model = loaded.get("model") if isinstance(loaded, dict) else None
         if isinstance(model, dict) and model.get("name") is not None:
             model_name = str(model["name"])

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import yaml
 
+from steprl.bounded_yaml import load_yaml_bounded
 from steprl.diagnostics.sinks import TRAJECTORY_SCHEMA, read_metrics_jsonl, read_trajectories
 
 HEALTH_FILE = "health.jsonl"  # the trainer's record of each health rule's firing, one JSON line each
@@ -110,7 +110,8 @@ def load_run(
     notes: list[str] = []
     config: dict[str, Any] = {}
     if (path / "config.yaml").exists():
-        loaded = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        config_file = path / "config.yaml"
+        loaded = load_yaml_bounded(config_file.read_text(encoding="utf-8"), str(config_file))
         config = loaded if isinstance(loaded, dict) else {}
     metrics: list[dict[str, Any]] = []
     if (path / "metrics.jsonl").exists():
@@ -151,7 +152,7 @@ def run_label(run_dir: Path, config: Mapping[str, Any] | None = None) -> str:
     """A run's name on the page: run.name from its config, else its directory's name."""
     if config is None:
         path = run_dir / "config.yaml"
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+        loaded = load_yaml_bounded(path.read_text(encoding="utf-8"), str(path)) if path.exists() else None
         config = loaded if isinstance(loaded, dict) else {}
     return str((config.get("run") or {}).get("name") or run_dir.name)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from steprl.bounded_yaml import load_yaml_bounded
 from steprl.config import Config, ConfigError, dump_config
 from steprl.diagnostics.sinks import readable_parquet
 from steprl.training import checkpoint as ckpt
@@ -197,7 +198,8 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def check_config_change(cfg: Config, checkpoint: Path) -> None:
     """CKPT-06: resuming under a different config is refused unless allowed, naming the keys."""
-    before = _flat(yaml.safe_load((checkpoint / "config.yaml").read_text()))
+    saved = checkpoint / "config.yaml"
+    before = _flat(load_yaml_bounded(saved.read_text(), str(saved)))
     now = _flat(yaml.safe_load(dump_config(cfg)))
     # a key the checkpoint's config lacks and that holds its default now is a setting steprl
     # gained since that checkpoint: the run trains as it did, so it is not a change
