@@ -10,20 +10,32 @@ otherwise (else "default"). Anthropic's SDK sends its key as `x-api-key`, accept
 Errors are the OpenAI envelope `{"error": {"message", "type"}}`: 401 for a wrong key, 400 for a
 request the gateway cannot read, 500 `provenance_error` when the engine's ids and log-probs do not
 match (the call fails; nothing is recorded or padded).
+
+What a request may cost is bounded before any work: the body by `BodyLimit` (bytes counted as
+they arrive, 413 past the cap: `body_bytes`, from the model's context), its JSON nesting and
+text by `parse_body` (400), the prompt and `max_tokens` by the context (`Gateway`, 400). A
+client that disconnects cancels its call: the engine stops decoding it between two tokens, and
+nothing is recorded. A served app (`steprl serve-policy`) answers only to loopback `Host`
+names, as `serve-env` does (`hosting/security.py`, the same middlewares).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import re
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from steprl.extras import require
 from steprl.gateway.anthropic_format import AnthropicRequestError, message_response, to_chat
 from steprl.gateway.openai_format import chat_chunks, chat_response, completion_response
-from steprl.gateway.policy_gateway import BudgetExceeded, Gateway, Sampling, SessionClosed
+from steprl.gateway.policy_gateway import BudgetExceeded, ContextExceeded, Gateway, Sampling, SessionClosed
 from steprl.gateway.sessions import ProvenanceError
+from steprl.hosting import security
 
 require("fastapi", extra="serve", feature="steprl serve-policy")  # one line when the extra is missing
 from fastapi import FastAPI, Request  # noqa: E402  (a module global: FastAPI resolves `request: Request`)
@@ -32,6 +44,74 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 
 class BadRequest(ValueError):
     """A request body the gateway cannot read (the message says which field)."""
+
+
+#: JSON nesting a body may have: a tool schema nests a few levels; Python's parser (and a
+#: template that renders the schema) recurse, and fail near 1000 levels with a RecursionError
+MAX_JSON_DEPTH = 64
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def body_bytes(context: int | None) -> int:
+    """The body cap for a model with `context` positions: room for a whole context of text even
+    JSON-escaped (`\\uXXXX` is 6 bytes for one character, and a token is rarely more than a few
+    characters), plus 64 KiB of fields and tool schemas; 1 MiB when the context is unknown."""
+    return 64 * 1024 + 32 * context if context is not None else 1 << 20
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object, or a `BadRequest` saying what is wrong with it: not JSON (or not
+    UTF-8), nested past `MAX_JSON_DEPTH`, or a string with a lone surrogate (`"\\ud800"`: valid
+    JSON escapes, but no text a tokenizer can encode)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise BadRequest(f"the body's JSON nests too deep; at most {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # not UTF-8, not JSON
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    stack: list[tuple[Any, int]] = [(body, 1)]  # iterative: a recursive walk is what fails
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"the body's JSON nests more than {MAX_JSON_DEPTH} levels; send it flatter")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            for text in (k, v):
+                if isinstance(text, str) and _SURROGATE.search(text):
+                    raise BadRequest(
+                        f"a string in the body has a lone surrogate ({text[:40]!r}); send valid UTF-16 pairs"
+                    )
+            if isinstance(v, dict | list):
+                stack.append((v, depth + 1))
+    return body
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (after the body, `receive` waits for the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(request: Request, work: Awaitable[Any]) -> Any:
+    """`work`'s result, or a cancel of it when the client disconnects first (or this request is
+    cancelled: a server shutting down). A cancelled engine call stops decoding between tokens."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # a no-op once it is done
+    if not task.done() or task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone
+    return task.result()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer: nobody reads what is sent."""
 
 
 def session_key(token: str, api_key: str | None, header: str | None) -> str | None:
@@ -94,8 +174,18 @@ def sampling_of(body: Mapping[str, Any]) -> Sampling:
     )
 
 
-def make_app(gateway: Gateway, token: str) -> FastAPI:
-    app = FastAPI(title="steprl policy gateway")
+def make_app(
+    gateway: Gateway,
+    token: str,
+    *,
+    hosts: Collection[str] | None = None,
+    port: int | None = None,
+    max_body_bytes: int | None = None,
+) -> Any:
+    """The ASGI app. `hosts` (with `port`): the Host names served (`security.LOOPBACK_HOSTS` for a
+    server; None for an in-process app that no browser can reach, as the harness runner's);
+    `max_body_bytes`: the body cap, by default `body_bytes(gateway.context)`."""
+    app = FastAPI(title="steprl policy gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     def error(status: int, type_: str, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": type_}}, status_code=status)
@@ -111,12 +201,14 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
         if key is None:
             return error(401, "authentication_error", "wrong or missing API key")
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            return await handle(key, body)
+            body = parse_body(await request.body())
+            return await unless_gone(request, handle(key, body))
+        except ClientGone:
+            return error(499, "client_closed", "the client disconnected; the call was cancelled")
         except (BadRequest, AnthropicRequestError) as exc:
             return error(400, "invalid_request_error", str(exc))
+        except ContextExceeded as exc:
+            return error(400, "context_length_exceeded", str(exc))
         except BudgetExceeded as exc:  # the harness env's turn or token budget: the episode is over
             return error(400, "budget_exceeded", str(exc))
         except SessionClosed as exc:
@@ -207,4 +299,9 @@ def make_app(gateway: Gateway, token: str) -> FastAPI:
 
         return await serve(request, handle)
 
-    return app
+    cap = body_bytes(gateway.context) if max_body_bytes is None else max_body_bytes
+    advice = "send less" + (f" (the model's context is {gateway.context} tokens)" if gateway.context else "")
+    limited = security.BodyLimit(app, max_bytes=cap, advice=advice)
+    if hosts is None:
+        return limited
+    return security.HostAllowlist(limited, hosts=hosts, port=port)

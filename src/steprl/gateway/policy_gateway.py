@@ -18,6 +18,11 @@ loop would.
 past `max_turns` calls, or with no room left in `max_total_tokens`, a call is refused
 (`BudgetExceeded`, a 400) and the session says which budget (`Session.refused`). An episode's
 session is `end`ed: calls that outlive the episode are refused (`SessionClosed`, a 400).
+
+`context` (the model's positions) bounds every call: a prompt that does not fit, or a prompt +
+`max_tokens` past it, is refused with both numbers (`ContextExceeded`, a 400) before the engine
+sees it (the engine would sample past the positions it was trained on); without `max_tokens`
+the completion gets what the context leaves.
 """
 
 from __future__ import annotations
@@ -68,6 +73,26 @@ class SessionClosed(ValueError):
     """A call on a session whose episode is over (a harness's call that outlived its episode)."""
 
 
+class ContextExceeded(ValueError):
+    """A prompt, or a prompt + `max_tokens`, past the model's context (the message has the numbers)."""
+
+
+def context_room(context: int, prompt_len: int, asked: int | None) -> int:
+    """The tokens a completion may have after a `prompt_len` prompt; `ContextExceeded` when the
+    prompt leaves none, or an explicit `asked` does not fit."""
+    if prompt_len >= context:
+        raise ContextExceeded(
+            f"the prompt is {prompt_len} tokens, the model's context is {context} (prompt + completion); "
+            "send shorter messages"
+        )
+    if asked is not None and prompt_len + asked > context:
+        raise ContextExceeded(
+            f"the prompt ({prompt_len} tokens) + max_tokens ({asked}) is {prompt_len + asked}, past the "
+            f"model's context of {context} tokens; ask for at most {context - prompt_len}"
+        )
+    return context - prompt_len
+
+
 def normalise(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Messages as chat templates take them: `developer` is `system`, `content: null` (an
     assistant turn of tool calls only) is "", a list of text parts is their text joined; any
@@ -104,8 +129,9 @@ class Gateway:
         *,
         max_tokens_cap: int = 4096,
         max_sessions: int = 10_000,  # the oldest session is dropped past this (a server that runs long)
+        context: int | None = None,  # the model's positions (prompt + completion); None: unchecked
     ) -> None:
-        self.engine, self.fmt, self.model_name = engine, fmt, model_name
+        self.engine, self.fmt, self.model_name, self.context = engine, fmt, model_name, context
         self.max_tokens_cap, self.max_sessions = max_tokens_cap, max_sessions
         self.sessions: dict[str, Session] = {}
         self.stats = GatewayStats()
@@ -158,8 +184,11 @@ class Gateway:
                 raise SessionClosed(f"session {key!r} is over (its episode ended); this call is not recorded")
             session = self.sessions.setdefault(key, Session(key))
             asked = sampling.max_tokens
+            # before any budget: a call that cannot fit is refused and never counted
+            fits = context_room(self.context, len(prompt), asked) if self.context is not None else None
             if asked is None:
                 asked = self.limits.max_tokens_per_turn if self.limits else 256
+                asked = asked if fits is None else min(asked, fits)
             room = self._room(session, key, len(prompt), min(asked, self.max_tokens_cap))
             first = not session.samples
             sample, appended = session.place(prompt)

@@ -227,7 +227,14 @@ class BodyLimit:
     """
 
     def __init__(
-        self, app: ASGIApp, *, max_bytes: int, timeout_s: float = 30.0, max_header_bytes: int = 16 * 1024
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        timeout_s: float = 30.0,
+        max_header_bytes: int = 16 * 1024,
+        advice: str = "env actions and tasks are small: send less (or start the server with a larger "
+        "--max-body-bytes)",
     ) -> None:
         if max_bytes < 0 or max_header_bytes < 0 or not timeout_s > 0:
             raise ValueError(
@@ -237,6 +244,7 @@ class BodyLimit:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.max_header_bytes = max_header_bytes
+        self.advice = advice  # how to fix a 413, for the server this guards (env server, gateway)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -246,10 +254,7 @@ class BodyLimit:
             too_long = f"request headers over {self.max_header_bytes} bytes"
             await send_error(send, 431, "headers_too_large", too_long, close=True)
             return
-        too_large = (
-            f"request body over {self.max_bytes} bytes; env actions and tasks are small: "
-            "send less (or start the server with a larger --max-body-bytes)"
-        )
+        too_large = f"request body over {self.max_bytes} bytes; {self.advice}"
         for declared in _headers(scope, b"content-length"):
             if not declared.strip().isdigit():
                 await send_error(send, 400, "bad_request", "malformed Content-Length header", close=True)

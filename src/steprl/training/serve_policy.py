@@ -8,23 +8,34 @@ The API key is `$STEPRL_GATEWAY_TOKEN`, or a fresh one printed at start; `<key>.
 a session per harness episode. Every call's exact ids and log-probs are recorded in memory
 (`Gateway.sessions`, the oldest dropped past `max_sessions`); `gateway/*` metrics go to the log
 on exit.
+
+The server is hardened as `serve-env` is (`server_config`): loopback `Host` names only, the body
+capped from the model's context, a deadline on headers; on SIGTERM calls in flight get
+`GRACE_S`, then are cancelled (their generations stop between two tokens) and it exits 0.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import Callable
+from typing import Any
 
 from steprl.config import Config
 from steprl.errors import UserError
 from steprl.gateway.policy_gateway import Gateway
+from steprl.hosting import security
 from steprl.rollout.chat_format import ChatFormat
 from steprl.training import env_setup
 from steprl.training.policy import load_policy
 from steprl.training.rollout_parts import engine_for
 
 TOKEN_VAR = "STEPRL_GATEWAY_TOKEN"
+#: on SIGTERM, calls in flight get this long to finish before they are cancelled
+GRACE_S = 2
+#: a request's headers must arrive within this (slowloris: `security.header_deadline_protocol`)
+HEADER_TIMEOUT_S = 10.0
 
 
 def build_gateway(cfg: Config, log: Callable[[str], None] = print) -> Gateway:
@@ -45,22 +56,50 @@ def build_gateway(cfg: Config, log: Callable[[str], None] = print) -> Gateway:
             f"serve-policy: model {cfg.model.name!r} has no chat template to render a harness's messages; "
             "give one with model.chat_template, or serve a chat model (e.g. model.name=qwen3-testbed)"
         )
-    return Gateway(engine_for(cfg, policy.model, policy.tokenizer), fmt, cfg.model.name)
+    # prompt + completion must fit the positions the model has (a vLLM engine holds fewer)
+    context = int(policy.model.config.max_position_embeddings)
+    if cfg.rollout.engine == "vllm":
+        context = min(context, cfg.rollout.max_total_tokens)
+    engine = engine_for(cfg, policy.model, policy.tokenizer)
+    return Gateway(engine, fmt, cfg.model.name, context=context)
+
+
+def server_config(gateway: Gateway, token: str, port: int) -> Any:
+    """The uvicorn.Config that serves `gateway` on 127.0.0.1:`port`, as `serve-env` serves envs."""
+    import uvicorn
+
+    from steprl.gateway.app import make_app
+
+    return uvicorn.Config(
+        make_app(gateway, token, hosts=security.LOOPBACK_HOSTS, port=port),
+        host="127.0.0.1",
+        port=port,
+        http=security.header_deadline_protocol(HEADER_TIMEOUT_S),
+        ws="none",
+        log_level="warning",
+        access_log=False,  # URLs in a log are where keys leak
+        proxy_headers=False,  # nothing sits in front of a loopback server: trust no X-Forwarded-*
+        server_header=False,
+        timeout_graceful_shutdown=GRACE_S,
+    )
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # uvicorn re-raises the SIGTERM it caught once it has shut down
 
 
 def serve_policy(cfg: Config, port: int, log: Callable[[str], None] = print) -> None:
     import uvicorn
-
-    from steprl.gateway.app import make_app
 
     token = os.environ.get(TOKEN_VAR) or secrets.token_urlsafe(24)
     gateway = build_gateway(cfg, log)
     if not os.environ.get(TOKEN_VAR):
         log(f"API key (set {TOKEN_VAR} to choose it): {token}")
     log(f"serving {cfg.model.name} at http://127.0.0.1:{port}/v1 (OpenAI chat and completions API)")
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
-        uvicorn.run(make_app(gateway, token), host="127.0.0.1", port=port, log_level="warning")
-    finally:
+        uvicorn.Server(server_config(gateway, token, port)).run()
+    finally:  # a SIGTERM ends here too, as SystemExit(0)
         if hasattr(gateway.engine, "close"):  # a vLLM engine's worker process
             gateway.engine.close()
-    log(" ".join(f"{k}={v:.3f}" for k, v in gateway.metrics().items()))
+        log(" ".join(f"{k}={v:.3f}" for k, v in gateway.metrics().items()))

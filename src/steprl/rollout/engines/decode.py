@@ -133,6 +133,9 @@ class RunningBatch:
         for i, (row, tok, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist(), strict=True)):
             if row.done:
                 continue
+            if row.request.future is not None and row.request.future.done():
+                row.done = True  # its caller gave up (a cancel: a client gone, a shutdown): stop decoding it
+                continue
             row.tokens.append(tok)
             row.logps.append(lp)
             row.versions.append(version)

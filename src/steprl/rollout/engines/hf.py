@@ -227,6 +227,8 @@ class HFEngine:
         while self._queue or len(batch):
             if not len(batch):
                 await self._settle()
+            # a caller that gave up while waiting (a cancel) is never prefilled
+            self._queue = [r for r in self._queue if r.future is None or not r.future.done()]
             room = self.max_batch_size - batch.live
             joining = [r for r in self._queue if batch.accepts(r.sampling)][:room]
             # a join costs a prefill pass and a copy of the cache: worth it once the waiting
