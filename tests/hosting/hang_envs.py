@@ -11,7 +11,8 @@ registered env passes check-env") meets them.
   sync tool that hangs). `hang_on`: "none", "all", "train", "eval", "every:N" (the tasks whose
   index is a multiple of N, both splits) or "from:N" (train tasks from index N on). On the tasks
   `bad_on` picks (same forms), every reward is `reward_as`: "str" (the text of the number, as a
-  careless env returns it) or "nan".
+  careless env returns it) or "nan". `how="spin"` makes the hung step spin the CPU instead
+  (`while True: pass`, never releasing its core); `close_hangs=True` makes `close()` sleep forever.
 * ``hang_noeval``: as ``hang``, but its task factory never yields an eval task (a filter that
   never matches, over a slow endless source).
 """
@@ -69,9 +70,16 @@ class HangEnv(Env):
     system_prompt = "say ok"
 
     def __init__(
-        self, hang_on: str = "none", seconds: float = 3600.0, bad_on: str = "none", reward_as: str = "float"
+        self,
+        hang_on: str = "none",
+        seconds: float = 3600.0,
+        bad_on: str = "none",
+        reward_as: str = "float",
+        how: str = "sleep",
+        close_hangs: bool = False,
     ) -> None:
         self.hang_on, self.seconds, self.bad_on, self.reward_as = hang_on, seconds, bad_on, reward_as
+        self.how, self.close_hangs = how, close_hangs
         self.task: Task | None = None
 
     def reset(self, task: Task, seed: int) -> Observation:
@@ -81,6 +89,9 @@ class HangEnv(Env):
     def step(self, action: str) -> Transition:
         assert self.task is not None
         if _picks(self.hang_on, self.task):
+            if self.how == "spin":
+                while True:  # a busy loop: holds a core (and the GIL) until its process dies
+                    pass
             time.sleep(self.seconds)
         win = float(action == "ok")
         reward: Any = win
@@ -93,7 +104,8 @@ class HangEnv(Env):
         return Transition("done", reward, True, info=info)
 
     def close(self) -> None:
-        pass
+        if self.close_hangs:
+            time.sleep(3600.0)
 
 
 NAMES = ("hang", "hang_noeval")

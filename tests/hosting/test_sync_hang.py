@@ -124,6 +124,64 @@ def test_a_hung_sync_call_ends_env_timeout_at_the_deadline_and_the_others_go_on(
     assert backend.calls.stuck == 4  # counted while their threads sleep on
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (from /proc: children of children included)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, todo = [], [pid]
+    while todo:
+        above = todo.pop()
+        below = [p for p, parent in parents.items() if parent == above]
+        found += below
+        todo += below
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _tree_cpu_s() -> float:
+    """CPU seconds used so far by this process and every process below it."""
+    used = sum(os.times()[:2])
+    for pid in _descendants(os.getpid()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
+
+
+def test_a_spinning_sync_call_ends_env_timeout_and_stops_using_the_cpu():
+    """Issue 44, item 6: a call past its deadline must not go on running on the trainer's cores
+    (a Python thread cannot be stopped: one spinning in `step` held a core and the GIL for good)."""
+    params = {"hang_on": "every:2", "how": "spin"}
+    backend = InProcessBackend("hang", params, call_timeout_s=DEADLINE).probe()
+    try:
+        tasks = list(islice(make_tasks("hang", "train", 0), 4))  # tasks 0 and 2 spin
+        started = time.monotonic()
+        got = _rollout(EnvPool(backend, max_concurrent=16).make_env, tasks, group_size=1)
+        took = time.monotonic() - started
+        assert [t.end for t in got] == [EndReason.ENV_TIMEOUT, EndReason.ANSWERED] * 2, got[0].info
+        assert took < 2 * DEADLINE + MARGIN, took
+        time.sleep(0.2)  # the kill is sent as the episode closes
+        before = _tree_cpu_s()
+        time.sleep(1.0)
+        assert _tree_cpu_s() - before < 0.1  # before: 0.3 to 1 (spinning threads, on a loaded CPU)
+        assert backend.calls.stuck == 0  # no thread is left blocked in an abandoned call
+    finally:
+        backend.close()
+
+
 def test_stuck_threads_are_bounded_and_counted(hang_envs):
     calls = EnvCalls(max_stuck=1)
     task = next(make_tasks("hang", "train", 0))
@@ -275,7 +333,9 @@ def test_training_and_evaluation_episodes_that_hang_end_env_timeout_and_the_run_
                 "hang_envs",
                 *[x for s in TINY for x in ("--set", s)],
                 "--set",
-                "env.params={hang_on: 'every:2'}",  # task 0 of the step, eval tasks 0 and 2
+                # task 0 of the step, eval tasks 0 and 2; spinning (issue 44, item 6: each
+                # timed-out call left a thread spinning, and the step took minutes)
+                "env.params={hang_on: 'every:2', how: spin}",
                 "--set",
                 f"runtime.env_call_timeout_s={DEADLINE}",
                 "--set",
@@ -310,16 +370,60 @@ def test_training_and_evaluation_episodes_that_hang_end_env_timeout_and_the_run_
 
 
 @pytest.mark.e2e
+def test_training_stops_in_one_line_when_the_env_close_never_returns(tmp_path):
+    """Issue 44, item 5: the start-up probe closed its env on the main thread, with no deadline."""
+    started = time.monotonic()
+    rc, out = _finish(
+        _steprl(
+            [
+                "train",
+                "configs/calculator_tiny.yaml",
+                "--plugin",
+                "hang_envs",
+                *[x for s in TINY for x in ("--set", s)],
+                "--set",
+                "env.params={close_hangs: true}",
+                "--set",
+                f"runtime.env_call_timeout_s={DEADLINE}",
+                "--set",
+                "model.init=scratch",
+                "--set",
+                f"run.output_dir={tmp_path}",
+                "--set",
+                "trainer.total_steps=1",
+            ]
+        ),
+        timeout=60,  # before the fix: it never returned
+    )
+    assert rc == 2 and "Traceback" not in out, out
+    assert out.splitlines()[-1].startswith("env 'hang': HangEnv.close() gave no answer within 1s"), out
+    assert "runtime.env_call_timeout_s" in out.splitlines()[-1], out
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize(
-    ("hang_on", "ready", "last_line"),
+    ("hang_on", "how", "ready", "last_line"),
     [
         # the warm-start evaluation hangs: nothing trained, nothing to resume
-        ("all", "optimizer_steps_per_rl_step", "interrupted (SIGTERM) before the first step; nothing was"),
+        (
+            "all",
+            "sleep",
+            "optimizer_steps_per_rl_step",
+            "interrupted (SIGTERM) before the first step; nothing was",
+        ),
+        # ... spinning the CPU (issue 44, item 6: 129 s to exit, its threads holding the GIL)
+        (
+            "all",
+            "spin",
+            "optimizer_steps_per_rl_step",
+            "interrupted (SIGTERM) before the first step; nothing was",
+        ),
         # step 2's rollouts hang: step 1 is checkpointed, step 2's tasks run again on resume
-        ("from:2", None, "interrupted (SIGTERM) at step 1; checkpoint and outputs saved in"),
+        ("from:2", "sleep", None, "interrupted (SIGTERM) at step 1; checkpoint and outputs saved in"),
     ],
 )
-def test_sigterm_stops_a_run_blocked_in_an_env_call_at_once(tmp_path, hang_on, ready, last_line):
+def test_sigterm_stops_a_run_blocked_in_an_env_call_at_once(tmp_path, hang_on, how, ready, last_line):
     proc = _steprl(
         [
             "train",
@@ -328,7 +432,7 @@ def test_sigterm_stops_a_run_blocked_in_an_env_call_at_once(tmp_path, hang_on, r
             "hang_envs",
             *[x for s in TINY for x in ("--set", s)],
             "--set",
-            f"env.params={{hang_on: '{hang_on}'}}",
+            f"env.params={{hang_on: '{hang_on}', how: {how}}}",
             "--set",
             "runtime.env_call_timeout_s=300",  # far past the test: only the signal can end it
             "--set",
@@ -355,6 +459,7 @@ def test_sigterm_stops_a_run_blocked_in_an_env_call_at_once(tmp_path, hang_on, r
         assert proc.poll() is None, "".join(lines)
         time.sleep(0.2)
     time.sleep(1.0)  # inside the blocked call
+    below = _descendants(proc.pid)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     os.set_blocking(proc.stdout.fileno(), True)
@@ -364,5 +469,9 @@ def test_sigterm_stops_a_run_blocked_in_an_env_call_at_once(tmp_path, hang_on, r
     assert rc == 130 and "Traceback" not in out, out
     assert out.splitlines()[-1].startswith(last_line), out
     assert stopped < 30, stopped  # before: never (SIGKILL); the env call's deadline is 300 s
+    left = time.monotonic() + 10
+    while [p for p in below if _running(p)] and time.monotonic() < left:
+        time.sleep(0.1)
+    assert not [p for p in below if _running(p)], below  # no env process outlives the run
     if hang_on.startswith("from"):
         assert (run_dir / "checkpoints" / "step_000001").is_dir()

@@ -22,9 +22,12 @@ A thread blocked in Python cannot be killed. Its env is abandoned: `close()` is 
 thread of its own (it may wake the hung call) and not waited for. The thread is a daemon, never
 joined (an executor's threads are joined at interpreter exit), so a hung call never keeps the
 process alive; `EnvCalls` counts such threads and bounds them: past `max_stuck`, new calls fail
-at once (`infra_failed`) instead of piling up threads.
+at once (`infra_failed`) instead of piling up threads. That is why the in-process backend runs
+a user's sync env in a process per instance (`hosting/env_procs.py`): there the thread only
+waits on a socket, and a call past its deadline is stopped by killing the process.
 
-`take_tasks` bounds a task generator the same way: each task within the deadline.
+`take_tasks` bounds a task generator the same way: each task within the deadline, and
+`run_within` one call outside the loop (the backend's start-up probe: the factory, `close()`).
 """
 
 from __future__ import annotations
@@ -211,9 +214,13 @@ class DeadlineEnv(EnvWrapper):
         left = self.timeout_s - (asyncio.get_running_loop().time() - started)
         return await asyncio.wait_for(asyncio.wrap_future(call), max(left, 0.0))
 
+    def _class_name(self) -> str:
+        # an env run elsewhere (`hosting/env_procs.py`) names the class it runs
+        return str(getattr(self.env, "class_name", type(self.env).__name__))
+
     def _timeout(self, name: str) -> EnvTimeout:
         return EnvTimeout(
-            f"{type(self.env).__name__}.{name}() gave no answer within {self.timeout_s:g}s; a sync "
+            f"{self._class_name()}.{name}() gave no answer within {self.timeout_s:g}s; a sync "
             f"env call that blocks is abandoned there (raise {self.setting} if the env is only slow)"
         )
 
@@ -229,6 +236,26 @@ def _quietly(fn: Callable[[], object]) -> None:
 
 async def _wait(result: Any) -> None:
     await result
+
+
+def run_within(fn: Callable[[], T], timeout_s: float, what: str) -> T:
+    """`fn()` on a daemon thread, its result (or its exception) within `timeout_s`; else
+    `EnvTimeout` naming `what`, and the thread is left behind (Python cannot stop it)."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="steprl-env-call", daemon=True).start()
+    try:
+        return done.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        if done.done():
+            raise  # fn's own TimeoutError
+        raise EnvTimeout(f"{what} gave no answer within {timeout_s:g}s") from None
 
 
 def take_tasks(make: Callable[[], Iterator[T]], count: int, timeout_s: float, what: str) -> list[T]:

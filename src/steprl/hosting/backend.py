@@ -12,13 +12,18 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from steprl.envs.base import Env, IncompleteEnv, missing_members
-from steprl.envs.deadline import DeadlineEnv, EnvCalls
+from steprl.envs.base import Env, EnvTimeout, IncompleteEnv, missing_members
+from steprl.envs.deadline import DeadlineEnv, EnvCalls, run_within
 from steprl.envs.registry import EnvParamsError, get_spec, load_plugins
+from steprl.errors import UserError
 from steprl.extras import require_extra
+from steprl.hosting.env_procs import EnvProcesses, ProcessEnv, isolates
+from steprl.hosting.env_worker import Meta
 from steprl.types import Task
+
+T = TypeVar("T")
 
 
 class EnvBackend(Protocol):
@@ -31,44 +36,92 @@ class EnvBackend(Protocol):
     def close(self) -> None: ...
 
 
+class EnvStartError(UserError):
+    """The run's env did not start: its factory or `close()` passed the call deadline at the
+    start-up probe. One line that names the call and the setting."""
+
+
 class InProcessBackend:
-    """Env instances built by the registered factory, in this process. Each instance's calls
-    answer within `call_timeout_s` (`envs/deadline.py`: a sync env runs on a thread of its own,
-    so a call that blocks ends `env_timeout` instead of freezing every episode)."""
+    """Env instances built by the registered factory, managed from this process. Each call
+    answers within `call_timeout_s` (`envs/deadline.py`: a sync env's calls run on a thread of
+    their own, so a call that blocks ends `env_timeout` instead of freezing every episode).
+
+    `probe` builds one env and decides where the run's instances live: steprl's own envs and
+    async envs here; a user's sync env in a process per instance (`env_procs.py`), so that a
+    call past its deadline is killed rather than left running on the trainer's cores."""
 
     name = "inprocess"
 
-    def __init__(self, env: str, params: Mapping[str, Any], *, call_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        env: str,
+        params: Mapping[str, Any],
+        *,
+        call_timeout_s: float = 30.0,
+        plugins: Sequence[str] = (),
+    ) -> None:
         self._name = env
         self._factory = get_spec(env, params).factory
         self._params = dict(params)
+        self._plugins = tuple(plugins)
         self.call_timeout_s = call_timeout_s
         self.calls = EnvCalls()  # waited for inline while quick; threads stuck past a deadline (bounded)
+        self.processes: EnvProcesses | None = None  # set by `probe` for a user's sync env
+        self._meta: Meta | None = None
 
     def make_env(self, task: Task) -> Env:
+        if self.processes is not None and self._meta is not None:
+            forked = ProcessEnv(self.processes, self._meta, self.call_timeout_s)
+            return DeadlineEnv(forked, self.call_timeout_s, self.calls)
         return DeadlineEnv(self._factory(**self._params), self.call_timeout_s, self.calls)
 
     def probe(self) -> InProcessBackend:
         """Fail fast: build one env and check it has every member the core reads (else every
         episode would end `infra_failed` on the same AttributeError), or refuses its params (every
-        episode would fail on them). Call outside an event loop."""
+        episode would fail on them); its factory and `close()` each within the call deadline.
+        Then start its processes if it runs in them. Call outside an event loop."""
         try:
-            env = self._factory(**self._params)
+            env = self._within(lambda: self._factory(**self._params), "its factory")
         except ValueError as exc:  # a value the factory checks (other errors keep their traceback)
             raise EnvParamsError(
                 f"env {self._name!r} refused env.params {self._params}: {type(exc).__name__}: {exc}"
             ) from exc
         problem = missing_members(env)
         if "close" not in (problem or ""):
-            closed = env.close()
+            closed = self._within(env.close, f"{type(env).__name__}.close()")
             if inspect.isawaitable(closed):
-                asyncio.run(_awaited(closed))
+                asyncio.run(self._awaited_within(closed, f"{type(env).__name__}.close()"))
         if problem:
             raise IncompleteEnv(f"env {self._name!r}: its factory returned {problem}")
+        if isolates(self._factory, env):
+            self._meta = Meta.of(env)
+            self.processes = EnvProcesses(self._name, self._params, self._factory, self._plugins).start()
         return self
 
+    def _within(self, fn: Callable[[], T], what: str) -> T:
+        try:
+            return run_within(fn, self.call_timeout_s, what)
+        except EnvTimeout as exc:
+            raise self._start_error(exc) from None
+
+    async def _awaited_within(self, value: Awaitable[object], what: str) -> None:
+        try:
+            await asyncio.wait_for(_awaited(value), self.call_timeout_s)
+        except TimeoutError:
+            raise self._start_error(
+                EnvTimeout(f"{what} gave no answer within {self.call_timeout_s:g}s")
+            ) from None
+
+    def _start_error(self, exc: EnvTimeout) -> EnvStartError:
+        return EnvStartError(
+            f"env {self._name!r}: {exc} when the run's first env was built and closed; fix the env "
+            "(a call that never returns), or raise runtime.env_call_timeout_s if it is only slow"
+        )
+
     def close(self) -> None:
-        pass
+        if self.processes is not None:
+            self.processes.close()
+            self.processes = None
 
 
 async def _awaited(value: Awaitable[object]) -> None:
@@ -93,7 +146,7 @@ def _ray(env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[st
 #: HTTP and Ray are imported only when picked (ray is heavy to import, and both are extras).
 BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any, Sequence[str]], EnvBackend]] = {
     "inprocess": lambda env, params, runtime, plugins: InProcessBackend(
-        env, params, call_timeout_s=runtime.env_call_timeout_s
+        env, params, call_timeout_s=runtime.env_call_timeout_s, plugins=plugins
     ).probe(),
     "http": _http,
     "ray": _ray,
