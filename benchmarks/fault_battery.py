@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from fault_battery.common import ROOT, Ctx, Outcome, Probe, Result, Verdict, probe_dir
 
@@ -40,10 +41,10 @@ def probes_of(surface: str) -> list[Probe]:
     return list(importlib.import_module(f"fault_battery.{surface}").PROBES)
 
 
-def run_probe(probe: Probe, shared: dict[str, Path], keep: bool) -> Result:
+def run_probe(probe: Probe, shared: dict[str, Any], keep: bool) -> Result:
     started = time.monotonic()
     with probe_dir(keep) as tmp:
-        ctx = Ctx(tmp, shared=shared)
+        ctx = Ctx(tmp, shared=shared, src=shared.get("src"))
         try:
             verdict = probe.run(ctx)
         except Exception as exc:  # the battery's own failure: shown as such, never as "holds"
@@ -74,6 +75,12 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="List the probes and exit.")
     parser.add_argument("--json", type=Path, help="Write the results (and the commit) here as JSON.")
     parser.add_argument(
+        "--src",
+        type=Path,
+        help="Run steprl from this src/ directory instead of the installed tree (an older commit: "
+        "git archive COMMIT src | tar -x -C DIR, then --src DIR/src).",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="Keep each probe's temp directory (its path is shown)."
     )
     args = parser.parse_args()
@@ -87,15 +94,20 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    print(f"fault battery at {commit}: {len(chosen)} probes", flush=True)
+    where = f"the sources in {args.src}" if args.src else f"{commit} (and the working tree's edits)"
+    print(f"fault battery on {where}: {len(chosen)} probes", flush=True)
     print(f"{'surface':<8} {'probe':<46} {'outcome':<28} {'seconds':>6} {'peak MB':>7}  detail")
     results: list[Result] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="steprl-fault-shared-") as shared_dir:
-        shared = {"root": Path(shared_dir)}
-        for probe in chosen:
-            results.append(run_probe(probe, shared, args.keep))
-            print_row(results[-1])
+        shared: dict[str, Any] = {"root": Path(shared_dir), "closers": [], "src": args.src}
+        try:
+            for probe in chosen:
+                results.append(run_probe(probe, shared, args.keep))
+                print_row(results[-1])
+        finally:
+            for close in shared["closers"]:
+                close()
     took = time.monotonic() - started
     counts = Counter(r.outcome for r in results)
     print(
@@ -106,7 +118,12 @@ def main() -> None:
     for s in dict.fromkeys(r.surface for r in results):
         print(f"  {s:<8} {per_surface[(s, True)]} hold, {per_surface[(s, False)]} defects")
     if args.json:
-        record = {"commit": commit, "seconds": took, "results": [asdict(r) for r in results]}
+        record = {
+            "commit": commit,
+            "src": str(args.src or ""),
+            "seconds": took,
+            "results": [asdict(r) for r in results],
+        }
         args.json.write_text(json.dumps(record, indent=1))
     sys.exit(0)
 

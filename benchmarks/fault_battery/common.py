@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -209,7 +210,11 @@ class Ctx:
     mem_cap_mb: int = 3072
     address_space_mb: int = 12288
     procs: list[Proc] = field(default_factory=list)
-    shared: dict[str, Path] = field(default_factory=dict)  # what probes reuse (a finished run)
+    #: what probes reuse: "root" (a directory that outlives them), a finished run, a server;
+    #: "closers": what stops the shared servers when the battery ends
+    shared: dict[str, Any] = field(default_factory=dict)
+    watched: list[Proc] = field(default_factory=list)  # a shared server this probe used
+    src: Path | None = None  # steprl's sources to run instead of the installed ones (--src)
 
     @property
     def marker(self) -> Path:
@@ -218,7 +223,7 @@ class Ctx:
 
     @property
     def peak_mb(self) -> float:
-        return max((p.peak for p in self.procs), default=0) / MIB
+        return max((p.peak for p in [*self.procs, *self.watched]), default=0) / MIB
 
     def start(
         self,
@@ -234,8 +239,9 @@ class Ctx:
         the temp directory), `plugin_path` on PYTHONPATH (envs loaded with --plugin)."""
         environ = {**os.environ, "COLUMNS": "400", "HOME": str(self.tmp / "home"), **(env or {})}
         environ.setdefault("STEPRL_CACHE", str(self.tmp / "cache"))
-        if plugin_path:
-            environ["PYTHONPATH"] = os.pathsep.join(str(p) for p in plugin_path)
+        path = [*([self.src] if self.src else []), *plugin_path]
+        if path:  # ahead of the editable install's .pth entry: --src wins, plugins import
+            environ["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
         (self.tmp / "home").mkdir(exist_ok=True)
         log = self.tmp / f"out-{len(self.procs)}.log"
         limit = ["prlimit", f"--as={self.address_space_mb * MIB}", "--"] if shutil.which("prlimit") else []

@@ -22,6 +22,11 @@ class Server:
     port: int
     token: str
     proc: Proc
+    since: int = 0  # how much of its log came before this probe (a shared server's)
+
+    def log(self) -> str:
+        """What the server wrote during this probe."""
+        return self.proc.output()[self.since :]
 
     def alive(self) -> bool:
         return self.proc.popen.poll() is None
@@ -43,8 +48,14 @@ def env_server(ctx: Ctx) -> Iterator[Server]:
     proc = ctx.start(["serve-env", "--port", str(port), *SERVER_ARGS], env={"STEPRL_ENV_TOKEN": token})
     server = Server(port, token, proc)
     if not wait_ready(port, "/v1/metrics", token, server.alive, timeout=90):
-        raise RuntimeError(f"serve-env did not start: {proc.output()[-400:]}")
+        raise RuntimeError(f"serve-env did not start: {tail(proc.output())}")
     yield server
+
+
+def tail(log: str) -> str:
+    """The last lines of a log that say something (not a rich panel's borders)."""
+    lines = [x.strip(" │") for x in log.splitlines() if x.strip(" │─╭╮╰╯")]
+    return " / ".join(lines[-3:])[-400:]
 
 
 def verdict_of(reply: Reply, server: Server, want: Callable[[int], bool], what: str) -> Verdict:
@@ -55,7 +66,7 @@ def verdict_of(reply: Reply, server: Server, want: Callable[[int], bool], what: 
         return Verdict(Outcome.HUNG, f"{what}: no answer in {reply.seconds:.0f} s")
     if not server.answers():
         return defect(f"{what}: the server stopped answering (exit {server.proc.popen.poll()})")
-    if "Traceback" in server.proc.output():
+    if "Traceback" in server.log():
         return Verdict(Outcome.TRACEBACK, f"{what}: status {reply.status}; the server logged a traceback")
     if reply.status is not None and want(reply.status):
         return holds(f"{what}: {reply.status} in {reply.seconds:.1f} s")

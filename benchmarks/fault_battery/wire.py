@@ -82,7 +82,7 @@ def _send_until_answered(s: socket.socket, data: bytes) -> None:
     """`data` in 64 KiB pieces, stopping early when the server answers first (a 413 to a body
     past its cap): reading that answer is the point, not sending the rest."""
     for i in range(0, len(data), 1 << 16):
-        if select.select([s], [], [], 0)[0]:
+        if select.select([s], [], [], 0.005)[0]:
             return
         s.sendall(data[i : i + (1 << 16)])
 
