@@ -248,6 +248,9 @@ def synth_cmd(
     writer_engine: str | None = typer.Option(
         None, help="hf or vllm: serve --writer-model with a steprl engine in this process (no endpoint)."
     ),
+    allow_written_code: bool = typer.Option(
+        False, help="Run the code: of the spec's written tools (read it first); it runs only in bubblewrap."
+    ),
 ) -> None:
     """Synthesize an env package from tool documentation: a typed state, tools over it, tasks
     from walks over the tools' dependency graph with a golden final state, each validated (its
@@ -271,7 +274,12 @@ def synth_cmd(
     elif writer_engine and writer_model:
         raw = {"engine": writer_engine, "model": writer_model}
         writer = EngineWriter(engine_chat_from(raw, "--writer", UserError, sep="-", timeout_s=600.0))
-    report = write_package(spec, out, writer)
+    errors = Console(stderr=True)  # progress on stderr: stdout keeps the one line of a result or error
+
+    def say(line: str) -> None:
+        errors.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    report = write_package(spec, out, writer, allow_written_code, progress=say)
     console.print(
         f"{out}: {report.admitted} tasks admitted of {report.generated} generated "
         f"({report.validated_share:.0%} validated; probe wins {report.probe_wins}); "
@@ -285,7 +293,8 @@ def synth_cmd(
     if check:
         from steprl.envs.check import check_spec
 
-        summary = check_spec(load_package(out), n_tasks=20, seed=0).summary()
+        # the code in the package is what this command was allowed to run (or its writer wrote)
+        summary = check_spec(load_package(out, allow_written_code=True), n_tasks=20, seed=0).summary()
         console.print(f"[green]check-env: ok[/green] {summary}", highlight=False, soft_wrap=True)
 
 

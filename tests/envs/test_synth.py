@@ -13,6 +13,7 @@ import yaml
 
 from steprl.envs.check import check_spec
 from steprl.envs.registry import get_spec
+from steprl.envs.sandbox import probe_capabilities
 from steprl.envs.synth import SynthSpecError, load_spec, parse_spec, synthesize, write_package
 from steprl.envs.synth.check import check_tool
 from steprl.envs.synth.env import DONE, Episode, SynthEnv, env_spec, make_env, render_call, score
@@ -23,11 +24,20 @@ from steprl.types import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "configs" / "synth").glob("*.yaml"))
+#: files.yaml (SHIPPED[0]) ships a written tool: its code runs, in bubblewrap, when allowed
+FILES_SPEC = {"spec": str(SHIPPED[0]), "allow_written_code": True}
+SANDBOX = probe_capabilities()
+#: a test of files.yaml (or of the written template) skips where bubblewrap cannot run its code
+needs_sandbox = pytest.mark.skipif(
+    not SANDBOX.usable, reason=f"bubblewrap cannot confine code here: {SANDBOX.problems}"
+)
 
 
 @pytest.fixture(scope="module", params=SHIPPED, ids=lambda p: p.stem)
 def shipped(request: pytest.FixtureRequest) -> tuple:
-    spec = load_spec(request.param)
+    if "code:" in request.param.read_text() and not SANDBOX.usable:
+        pytest.skip(f"{request.param.name} has written code and bubblewrap cannot confine it here")
+    spec = load_spec(request.param, allow_written_code=True)
     tasks, report = synthesize(spec)
     return spec, tasks, report
 
@@ -46,11 +56,12 @@ def test_shipped_specs_give_validated_tasks(shipped: tuple) -> None:
     check_spec(env_spec(spec, tasks), n_tasks=10)
 
 
+@needs_sandbox
 def test_every_template_keeps_its_contract() -> None:
     """Over every tool of every shipped spec; together they use every template."""
     used = set()
     for path in SHIPPED:
-        spec = load_spec(path)
+        spec = load_spec(path, allow_written_code=True)
         for tool in spec.tools:
             check_tool(spec, tool)
             used.add(tool.template)
@@ -96,7 +107,10 @@ def test_collateral_changes_cost_the_outcome(shipped: tuple) -> None:
         del golden_world[table.name][key]
     episode.world = golden_world
     assert score(spec, episode, task) == 0.0
-    partial = parse_spec({**yaml.safe_load(Path(spec.source).read_text()), "tasks": {"partial_credit": True}})
+    partial = parse_spec(
+        {**yaml.safe_load(Path(spec.source).read_text()), "tasks": {"partial_credit": True}},
+        allow_written_code=True,
+    )
     assert 0.0 < score(partial, episode, task) < 1.0
 
 
@@ -188,7 +202,7 @@ BAD = [
 @pytest.mark.parametrize(("raw", "message"), BAD, ids=[m.split(":")[0] for _, m in BAD])
 def test_a_malformed_spec_is_one_line_naming_the_key(raw: dict, message: str) -> None:
     with pytest.raises(SynthSpecError, match=None) as err:
-        parse_spec(raw)
+        parse_spec(raw, allow_written_code=True)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -246,14 +260,15 @@ def test_a_new_domain_synthesizes_and_checks_from_the_plain_cli(tmp_path: Path) 
     assert not (tmp_path / "x").exists()
 
 
+@needs_sandbox
 def test_package_loads_by_import_path_and_keeps_foreign_directories(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    report = write_package(SHIPPED[0], tmp_path / "pkg_a")
+    report = write_package(SHIPPED[0], tmp_path / "pkg_a", allow_written_code=True)
     monkeypatch.chdir(tmp_path)
     spec = get_spec("pkg_a:SPEC")
     task = next(spec.tasks("eval", 0))
-    env = make_env(load_spec(SHIPPED[0]))  # what spec.factory() makes
+    env = make_env(load_spec(SHIPPED[0], allow_written_code=True))  # what spec.factory() makes
     assert type(spec.factory()) is type(env)
     env.reset(task, 0)
     for n, a in task.params["plan"]:
@@ -262,10 +277,11 @@ def test_package_loads_by_import_path_and_keeps_foreign_directories(
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(SynthSpecError, match="not a package steprl synth wrote"):
-        write_package(SHIPPED[0], tmp_path / "mine")
+        write_package(SHIPPED[0], tmp_path / "mine", allow_written_code=True)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
+@needs_sandbox
 def test_admission_replaces_mastered_tasks_live_and_skips_mastered_shapes() -> None:
     """The loop on a synthesized env's never-ending train split, with a learner whose skill on
     a shape grows each time it trains one: retired tasks are replaced, mastered shapes refused."""
@@ -273,7 +289,7 @@ def test_admission_replaces_mastered_tasks_live_and_skips_mastered_shapes() -> N
     from steprl.training.sources.admission import AdmissionSource, shape_of
     from steprl.types import EndReason, Group, Trajectory
 
-    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
+    spec = get_spec("synth", FILES_SPEC)
     splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
     source = make_source("admission", splits, 0, {"active": 8, "band": [0.2, 0.8], "window": 2})
     assert isinstance(source, AdmissionSource)
@@ -300,6 +316,7 @@ def test_admission_replaces_mastered_tasks_live_and_skips_mastered_shapes() -> N
     assert all("source/pass_rate" in m for m in rates[8:])
 
 
+@needs_sandbox
 def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
     """A learner that solves a given task always, never or sometimes (by its id): a task is
     admitted on its first group inside the band, rejected otherwise, so the admitted pass rate is
@@ -309,7 +326,7 @@ def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
     from steprl.training.sources.admission import AdmissionSource
     from steprl.types import EndReason, Group, Trajectory
 
-    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
+    spec = get_spec("synth", FILES_SPEC)
     splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
 
     def group(task: Task, wins: int) -> Group:  # 4 episodes, the first `wins` solved
@@ -359,9 +376,10 @@ def test_probation_admits_only_tasks_measured_inside_the_band() -> None:
         make_source("admission", splits, 0, {"probe": "some"})
 
 
-ASKING = {"spec": str(SHIPPED[0]), "ask_user": 1.0, "user_error_rate": 0.5}
+ASKING = {**FILES_SPEC, "ask_user": 1.0, "user_error_rate": 0.5}
 
 
+@needs_sandbox
 def test_an_ambiguous_request_needs_the_user_and_the_user_answers_as_the_user() -> None:
     spec = get_spec("synth", ASKING)
     task = next(spec.tasks("train", 0))
@@ -407,6 +425,7 @@ def test_erpo_masks_the_users_errors() -> None:
     )
 
 
+@needs_sandbox
 def test_user_errors_reach_erpo_from_the_agent_loop(tokenizer) -> None:
     """Expert episodes through the agent loop: the steps the user got wrong are marked, the
     trajectories they failed are flagged for ERPO, which gives them 0, and the reply is a user turn."""
@@ -546,6 +565,7 @@ def test_an_mcp_servers_tool_list_synthesizes_into_a_self_contained_package(tmp_
         assert refused.stdout.strip().count("\n") == 0
 
 
+@needs_sandbox
 def test_an_llm_user_answers_through_an_openai_endpoint_and_its_mistakes_are_marked() -> None:
     """`env.params.user` sends each ask_user to a real loopback /v1/chat/completions (the openai
     SDK): a reply that states the hidden value is a user turn and the task is solved; a reply
@@ -572,6 +592,7 @@ def test_an_llm_user_answers_through_an_openai_endpoint_and_its_mistakes_are_mar
         get_spec("synth", {**ASKING, "user": {"base_url": url}})
 
 
+@needs_sandbox
 def test_the_users_reply_is_a_user_turn_under_a_real_chat_template() -> None:
     """Under Qwen3's template the simulated user's reply opens a user turn of its own, while a
     tool's result is a <tool_response> (the agent loop's `info["role"]`)."""
@@ -605,6 +626,7 @@ def test_the_users_reply_is_a_user_turn_under_a_real_chat_template() -> None:
     assert "<|im_start|>user\n<tool_response>" in called
 
 
+@needs_sandbox
 def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp_path: Path) -> None:
     """`template: written` with no code: the writer (a loopback OpenAI endpoint) is asked; code
     that breaks the contract goes back as feedback; the fixed code lands in the package's
@@ -632,7 +654,7 @@ def test_the_llm_writer_writes_checked_code_for_a_tool_no_template_expresses(tmp
             write_package(tmp_path / "shop2.yaml", tmp_path / "bad", ToolWriter(url, "tiny", attempts=2))
     written = yaml.safe_load((tmp_path / "pkg" / "spec.yaml").read_text())
     assert "raise ToolError" in next(t for t in written["tools"] if t["name"] == "transfer_stock")["code"]
-    spec = get_spec("synth", {"path": str(tmp_path / "pkg")})
+    spec = get_spec("synth", {"path": str(tmp_path / "pkg"), "allow_written_code": True})
     tasks = [t for t in islice_tasks(spec, 400) if any(n == "transfer_stock" for n, _ in t.params["plan"])]
     assert report.admitted == 60 and tasks
     check_spec(spec, n_tasks=5, env_params={"path": str(tmp_path / "pkg")})
@@ -649,6 +671,7 @@ def islice_tasks(spec, n: int) -> list[Task]:
     return list(islice(spec.tasks("train", 0), n))
 
 
+@needs_sandbox
 def test_admission_parks_what_the_learner_cannot_do_and_skips_shapes_below_the_band() -> None:
     """A task whose last groups all failed leaves the set (parked) and its shape is not asked
     for again while below the band (resume-exactness: `check_task_source`, over every source)."""
@@ -656,7 +679,7 @@ def test_admission_parks_what_the_learner_cannot_do_and_skips_shapes_below_the_b
     from steprl.training.sources.admission import AdmissionSource, shape_of
     from steprl.types import EndReason, Group, Trajectory
 
-    spec = get_spec("synth", {"spec": str(SHIPPED[0])})
+    spec = get_spec("synth", FILES_SPEC)
     splits = TaskSplits.one(lambda: spec.tasks("train", 0), "synth")
     # without probation: with it, a task failed on its first group is rejected, never admitted
     params = {"active": 4, "band": [0.2, 0.8], "window": 2, "probe": "none"}

@@ -131,12 +131,15 @@ def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
     from steprl.envs.synth.users import user_from_params
 
     tasks_keys = set(TaskGen.__dataclass_fields__)
-    unknown = sorted(set(params) - {"path", "spec", "user"} - tasks_keys)
+    unknown = sorted(set(params) - {"path", "spec", "user", "allow_written_code"} - tasks_keys)
     if unknown:
         raise EnvParamsError(
-            f"env.params.{unknown[0]}: not a parameter of env synth; allowed: path or spec, user, and with "
-            f"spec the keys of its tasks: section ({', '.join(sorted(tasks_keys))})"
+            f"env.params.{unknown[0]}: not a parameter of env synth; allowed: path or spec, user, "
+            f"allow_written_code, and with spec the keys of its tasks: ({', '.join(sorted(tasks_keys))})"
         )
+    allow = params.get("allow_written_code", False)  # the spec's written code may run (in the sandbox)
+    if not isinstance(allow, bool):
+        raise EnvParamsError(f"env.params.allow_written_code: must be true or false, got {allow!r}")
     if "path" in params and set(params) & tasks_keys:
         raise EnvParamsError(
             f"env.params: {sorted(set(params) & tasks_keys)} change how tasks are made, and a package "
@@ -144,10 +147,10 @@ def _synth_family(params: Mapping[str, Any]) -> EnvSpec:
         )
     user_from_params(params.get("user"))  # a bad `user:` is one line at start-up, not per episode
     if "path" in params:  # a package `steprl synth` wrote
-        return load_package(str(params["path"]), name="synth")
+        return load_package(str(params["path"]), name="synth", allow_written_code=allow)
     if "spec" in params:  # a tool-doc YAML, synthesized as the run starts (deterministic)
-        overrides = {k: v for k, v in params.items() if k not in ("spec", "user")}  # its tasks: keys
-        return spec_from_yaml(str(params["spec"]), name="synth", **overrides)
+        overrides = {k: v for k, v in params.items() if k in tasks_keys}  # its tasks: keys
+        return spec_from_yaml(str(params["spec"]), name="synth", allow_written_code=allow, **overrides)
     raise EnvParamsError(
         "env synth: env.params needs path (a directory steprl synth wrote) or spec (a tool-doc YAML)"
     )

@@ -65,11 +65,13 @@ def score(spec: SynthSpec, episode: Episode, task: Task) -> float:
     return len(want & got) / max(1, len(want | got))
 
 
-def _tool(spec: SynthSpec, doc: ToolDoc) -> Tool:
+def _tool(spec: SynthSpec, doc: ToolDoc, episode: Callable[[], Episode]) -> Tool:
     template = TEMPLATES[doc.template]
 
-    def run(state: Episode, **args: Any) -> str:
-        return template.call(spec, doc, state.world, args)
+    # the episode comes from `episode()`, not from a parameter named `state` (`ToolEnv`'s way):
+    # a tool's own parameter may be called state
+    def run(**args: Any) -> str:
+        return template.call(spec, doc, episode().world, args)
 
     return FunctionTool(doc.name, doc.description, dict(doc.schema), run)
 
@@ -94,6 +96,10 @@ class SynthEnv(ToolEnv):
     spec: SynthSpec
 
     user: SimUser | None = None  # None: the scripted user
+
+    def episode_state(self) -> Episode:
+        """The running episode (what `ToolEnv` passes as ``state=`` to a tool that asks for it)."""
+        return self._state
 
     def _call(self, call: ToolCall) -> Transition:
         if call.name != ASK:
@@ -130,7 +136,13 @@ def _values(spec: SynthSpec, semantic: str) -> list[Any]:
 def make_env(spec: SynthSpec, honest_user: bool = False, user: SimUser | None = None) -> ToolEnv:
     """The env; `honest_user`: the simulated user never errs (validation); `user`: who answers
     `ask_user` (None: the scripted user)."""
-    tools = [_tool(spec, t) for t in spec.tools]
+    env: SynthEnv | None = None
+
+    def episode() -> Episode:
+        assert env is not None
+        return env.episode_state()
+
+    tools = [_tool(spec, t, episode) for t in spec.tools]
     if spec.tasks.ask_user > 0:
         tools.append(
             FunctionTool(ASK, "Ask the user about what the request leaves open.", ASK_SCHEMA, lambda **_: "")

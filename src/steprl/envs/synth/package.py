@@ -17,12 +17,15 @@ therefore shapes the policy never trained on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +36,28 @@ from steprl.envs.spec import EnvSpec
 from steprl.envs.synth.env import env_spec, make_env
 from steprl.envs.synth.plans import instantiate, random_template
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, read_yaml
-from steprl.envs.synth.templates import load_raw, parse_spec
+from steprl.envs.synth.templates import check_opt_in, load_raw, parse_spec
 from steprl.envs.synth.validate import PROBES, baseline_rates, validate
 from steprl.envs.synth.world import decode_diff, encode_diff
 from steprl.envs.synth.writer import Writer, check_written, write_tools
 from steprl.types import Task
+
+#: hears a line on how a long synthesis goes (the CLI prints it on stderr)
+Progress = Callable[[str], None]
+PROGRESS_EVERY_S = 3.0  # a synthesis quicker than this says nothing
+
+
+class Ticker:
+    """Passes a line on to `progress` at most every `PROGRESS_EVERY_S`."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress, self.last = progress, time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        now = time.monotonic()
+        if self.progress is not None and now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            self.progress(line)
 
 
 @dataclass(frozen=True)
@@ -129,9 +149,11 @@ def fresh_tasks(spec: SynthSpec, held: frozenset[str], seed: int) -> Iterator[Ta
     raise SynthSpecError(f"{spec.source}: 10000 attempts in a row made no new train task")
 
 
-def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
-    """`tasks.count` admitted tasks (fewer if the spec cannot give that many distinct ones)."""
+def synthesize(spec: SynthSpec, progress: Progress | None = None) -> tuple[list[Task], SynthReport]:
+    """`tasks.count` admitted tasks (fewer if the spec cannot give that many distinct ones);
+    `progress` hears how it goes every `PROGRESS_EVERY_S`."""
     started = time.perf_counter()
+    tick = Ticker(progress)
     rng = random.Random(f"synth:{spec.name}:{spec.tasks.seed}")
     env = make_env(spec, honest_user=True)
     seen: set[str] = set()
@@ -141,6 +163,10 @@ def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
     for attempt in range(spec.tasks.count * 30):
         if len(admitted) >= spec.tasks.count:
             break
+        tick(
+            f"{spec.name}: {len(admitted)} of {spec.tasks.count} tasks admitted so far "
+            f"({generated} generated, {time.perf_counter() - started:.0f} s)"
+        )
         template = random_template(spec, rng)
         if template is None:
             continue
@@ -177,7 +203,7 @@ def synthesize(spec: SynthSpec) -> tuple[list[Task], SynthReport]:
         )
         for t in admitted
     ]
-    rates = baseline_rates(spec, tasks)
+    rates = baseline_rates(spec, tasks, tick=tick)
     report = SynthReport(
         spec=spec.source,
         generated=generated,
@@ -201,33 +227,85 @@ from steprl.envs.synth.package import load_package
 
 SPEC = load_package(__file__)
 '''
+# A package with written code: importing this file runs it (Python, on the host), so naming the
+# directory in env.name is already trusting it; the tools' code itself still runs in the sandbox.
+_INIT_WRITTEN = _INIT.replace("load_package(__file__)", "load_package(__file__, allow_written_code=True)")
+
+#: what `write_package` writes into the package directory
+PACKAGE_FILES = ("spec.yaml", "tasks.jsonl", "synth_report.json", "__init__.py")
 
 
-def write_package(source: str | Path, out: str | Path, writer: Writer | None = None) -> SynthReport:
-    """Synthesize from the YAML at `source` into the directory `out` (made; refused if it holds
-    anything but a previous package); `writer` writes the code of `written` tools that have none."""
-    source, out = Path(source), Path(out)
-    given = read_yaml(source)
-    raw = write_tools(load_raw(source), writer, str(source))
-    spec = parse_spec(raw, str(source))
-    check_written(spec)
-    if out.exists() and any(out.iterdir()) and not (out / "synth_report.json").exists():
+def _check_out(out: Path) -> None:
+    """`out` can take a package: a new or empty directory, or one holding a previous package
+    whose files are plain files (a link there would have the package written through it)."""
+    if out.exists() and not out.is_dir():
+        raise SynthSpecError(f"{out}: exists and is not a directory; pick a new or empty directory for -o")
+    if out.is_dir() and any(out.iterdir()) and not (out / "synth_report.json").is_file():
         raise SynthSpecError(
             f"{out}: exists and is not a package steprl synth wrote; pick an empty or new directory"
         )
-    tasks, report = synthesize(spec)
-    out.mkdir(parents=True, exist_ok=True)
+    for name in PACKAGE_FILES:
+        target = out / name
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            raise SynthSpecError(
+                f"{target}: is a {'symbolic link' if target.is_symlink() else 'directory'}, not a file "
+                "steprl synth wrote; remove it or pick a new directory for -o"
+            )
+
+
+def _write(out: Path, name: str, lines: Iterable[str]) -> None:
+    """`out/name` replaced by `lines` without following a link there: written to a new file in
+    `out` (O_EXCL), then renamed over the name (a rename replaces a link, never its target)."""
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, out / name)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _carried_code(raw: Any) -> list[str]:
+    tools = raw.get("tools") if isinstance(raw, Mapping) else None
+    return [str(t.get("name")) for t in tools or () if isinstance(t, Mapping) and t.get("code")]
+
+
+def write_package(
+    source: str | Path,
+    out: str | Path,
+    writer: Writer | None = None,
+    allow_written_code: bool = False,
+    progress: Progress | None = None,
+) -> SynthReport:
+    """Synthesize from the YAML at `source` into the directory `out` (made; refused if it holds
+    anything but a previous package); `writer` writes the code of `written` tools that have none
+    (asking for a writer allows its code, which runs only in the sandbox); code the spec itself
+    carries needs `allow_written_code`. `progress` hears how a long synthesis goes."""
+    source, out = Path(source), Path(out)
+    given = read_yaml(source)
+    raw = load_raw(source)
+    check_opt_in(_carried_code(raw), str(source), allow_written_code)
+    _check_out(out)
+    raw = write_tools(raw, writer, str(source))
+    spec = parse_spec(raw, str(source), allow_written_code=True)  # the given code allowed above
+    check_written(spec)
+    tasks, report = synthesize(spec, progress)
     # as given, unless the MCP server's tool docs or the writer's code were merged in: the package
     # never needs either again
-    merged = raw != given
-    (out / "spec.yaml").write_text(yaml.safe_dump(raw, sort_keys=False) if merged else source.read_text())
-    with (out / "tasks.jsonl").open("w") as f:
-        for t in tasks:
-            f.write(json.dumps({"id": t.id, "prompt": t.prompt, "seed": t.seed, **t.params}) + "\n")
-    (out / "synth_report.json").write_text(
-        json.dumps({**asdict(report), "validated_share": report.validated_share}, indent=2)
-    )
-    (out / "__init__.py").write_text(_INIT)
+    text = yaml.safe_dump(raw, sort_keys=False) if raw != given else source.read_text(encoding="utf-8")
+    summary = json.dumps({**asdict(report), "validated_share": report.validated_share}, indent=2)
+    rows = (json.dumps({"id": t.id, "prompt": t.prompt, "seed": t.seed, **t.params}) + "\n" for t in tasks)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_out(out)  # again: what the synthesis gave time to change
+        _write(out, "spec.yaml", [text])
+        _write(out, "tasks.jsonl", rows)
+        _write(out, "synth_report.json", [summary])
+        _write(out, "__init__.py", [_INIT_WRITTEN if _carried_code(raw) else _INIT])
+    except OSError as exc:
+        raise SynthSpecError(f"{out}: cannot write the package: {exc.strerror or exc}") from None
     return report
 
 
@@ -247,14 +325,17 @@ def read_tasks(path: Path, spec: SynthSpec) -> list[Task]:
     return tasks
 
 
-def spec_from_yaml(path: str | Path, name: str | None = None, **overrides: Any) -> EnvSpec:
+def spec_from_yaml(
+    path: str | Path, name: str | None = None, allow_written_code: bool = False, **overrides: Any
+) -> EnvSpec:
     """The `EnvSpec` of a tool-doc YAML, synthesized in this process (the same tasks each time);
     `overrides` replace keys of its `tasks:` section (e.g. ask_user, user_error_rate)."""
     raw = load_raw(path)
-    spec = parse_spec(raw, str(path))
+    spec = parse_spec(raw, str(path), allow_written_code)
     check_written(spec)
     if overrides:
-        spec = parse_spec({**raw, "tasks": {**(raw.get("tasks") or {}), **overrides}}, str(path))
+        raw = {**raw, "tasks": {**(raw.get("tasks") or {}), **overrides}}
+        spec = parse_spec(raw, str(path), allow_written_code)
     tasks, _ = synthesize(spec)
     return _env_spec(spec, tasks, name)
 
@@ -264,13 +345,14 @@ def _env_spec(spec: SynthSpec, tasks: list[Task], name: str | None) -> EnvSpec:
     return env_spec(spec, tasks, name, fresh=lambda seed: fresh_tasks(spec, held, seed))
 
 
-def load_package(path: str | Path, name: str | None = None) -> EnvSpec:
-    """The `EnvSpec` of a package directory (or of the `__init__.py` in it)."""
+def load_package(path: str | Path, name: str | None = None, allow_written_code: bool = False) -> EnvSpec:
+    """The `EnvSpec` of a package directory (or of the `__init__.py` in it); a package whose
+    spec.yaml carries written code needs `allow_written_code`."""
     d = Path(path)
     d = d.parent if d.is_file() else d
     if not (d / "spec.yaml").exists() or not (d / "tasks.jsonl").exists():
         raise SynthSpecError(
             f"{d}: not an env package (no spec.yaml and tasks.jsonl); make one with steprl synth"
         )
-    spec = parse_spec(yaml.safe_load((d / "spec.yaml").read_text()), str(d / "spec.yaml"))
+    spec = parse_spec(read_yaml(d / "spec.yaml"), str(d / "spec.yaml"), allow_written_code)
     return _env_spec(spec, read_tasks(d / "tasks.jsonl", spec), name)

@@ -32,7 +32,7 @@ from typing import Any
 
 from steprl.envs.synth.spec import SynthSpec, ToolDoc
 from steprl.envs.synth.templates import TEMPLATES, phrase
-from steprl.envs.synth.world import Diff, World, diff, draw, lookup_fields, make_world
+from steprl.envs.synth.world import Diff, World, dangling, diff, draw, lookup_fields, make_world
 
 #: ("in", semantic) a value the request states | ("out", i) node i's result |
 #: ("plus", i, semantic) node i's (int) result plus a value the request states
@@ -301,7 +301,7 @@ def instantiate(
         then_text, else_text = (taken_text, other_text) if taken is node.then else (other_text, taken_text)
         phrases.append(f"if {subject} is below {threshold}, {then_text}; otherwise {else_text}")
     golden = diff(world, state)
-    if not golden or not phrases or (ask and not intent):
+    if not golden or not phrases or (ask and not intent) or dangling(spec, state):
         return None
     prompt = "; then ".join(phrases)
     if intent:

@@ -55,6 +55,9 @@ from steprl.errors import UserError
 
 BUILTIN_TYPES = ("int", "bool", "str")
 _JSON_OF = {"int": "integer", "bool": "boolean"}  # every other semantic type is a JSON string
+#: the most values a type under `types:` may have (a list, or an int range): every value is
+#: drawn from, copied into worlds and searched for free ones; a 10^6-string pool ran 248 s
+MAX_POOL = 10_000
 _WORDS = ("amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heron", "iris", "jade")
 
 
@@ -197,6 +200,12 @@ def _tables(raw: Mapping[str, Any], pools: Mapping[str, Any]) -> dict[str, Table
     known = set(BUILTIN_TYPES) | set(pools) | {t.key_type for t in out.values()}
     for t in out.values():
         for f, typ in t.fields.items():
+            if typ == t.key_type:  # its records would refer to records not made yet
+                raise _fail(
+                    f"tables.{t.name}.fields.{f}",
+                    f"is of type {typ!r}, the key of its own table: a table cannot refer to itself; "
+                    f"put the link in a table of its own (one with fields of type {typ!r})",
+                )
             if typ not in known:
                 raise _fail(
                     f"tables.{t.name}.fields.{f}",
@@ -283,6 +292,13 @@ def _tool(raw: Any, i: int, tables: Mapping[str, Table], pools: Mapping[str, Any
             "every parameter must be required (synthesized tasks bind them all)",
         )
     returns = body.get("returns")
+    known = set(BUILTIN_TYPES) | set(pools) | {t.key_type for t in tables.values()}
+    if returns is not None and (not isinstance(returns, str) or returns not in known):
+        raise _fail(
+            f"{where}.returns",
+            f"{returns!r} is not a builtin ({', '.join(BUILTIN_TYPES)}), a pool under `types` or a table's "
+            f"key type ({', '.join(sorted(t.key_type for t in tables.values()))})",
+        )
     effect = str(body.get("effect", "set"))
     if effect not in ("set", "add"):
         raise _fail(f"{where}.effect", f"must be set or add, got {effect!r}")
@@ -322,6 +338,12 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
         if not ok:
             raise _fail(
                 f"types.{typ}", "must be a list of at least 2 values or {min: int, max: int} with max > min"
+            )
+        size = len(pool) if isinstance(pool, list) else pool["max"] - pool["min"] + 1
+        if size > MAX_POOL:
+            raise _fail(
+                f"types.{typ}",
+                f"has {size} values, more than {MAX_POOL}; keep the ones tasks need to draw from",
             )
     tables = _tables(_as_map(body.get("tables"), "tables"), pools)
     raw_tools = body.get("tools")
@@ -375,8 +397,14 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
 def read_yaml(path: str | Path) -> Any:
     p = Path(path)
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SynthSpecError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise SynthSpecError(f"{p}: is a directory; give a tool-documentation YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise SynthSpecError(f"{p}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise SynthSpecError(f"{p}: cannot be read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise SynthSpecError(f"{p}: not valid YAML: {str(exc).splitlines()[0]}") from None

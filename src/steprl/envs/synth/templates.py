@@ -11,17 +11,17 @@ entry here whose `problem` is None (`infer_template`).
 
 from __future__ import annotations
 
-import builtins
-import copy
+import ast
 import dataclasses
-import functools
-from collections.abc import Callable, Mapping
+import string
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from steprl.envs.base import ToolError
+from steprl.envs.synth.sandboxed import runner_for
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, Table, ToolDoc, read_spec, read_yaml
-from steprl.envs.synth.world import World, new_key
+from steprl.envs.synth.world import World, new_key, referrers
 
 
 class Template(Protocol):
@@ -187,6 +187,10 @@ class Create:
             return f"returns the new record's {table.key_type!r}"
         if not tool.params or any(table.fields.get(p.name) != p.semantic for p in tool.params):
             return f"takes some of the fields of {table.name} ({', '.join(table.fields)}) by name"
+        owner = spec.key_types()
+        refs = [f for f, typ in table.fields.items() if typ in owner]
+        if not set(refs) <= {p.name for p in tool.params}:  # a default would name no record
+            return f"takes every field that names a record ({', '.join(refs)})"
         return None
 
     def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
@@ -229,6 +233,12 @@ class Delete:
     def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
         key = str(args[tool.params[0].name])
         _record(spec, tool, world, key)
+        named_by = referrers(spec, world, tool.table, key)
+        if named_by:  # deleted, it would leave them naming a record that is gone
+            table = spec.tables[tool.table]
+            raise ToolError(
+                f"cannot delete {table.singular} {key}: {', '.join(named_by[:3])} still refer to it"
+            )
         del world[tool.table][key]
         return "ok"
 
@@ -236,37 +246,26 @@ class Delete:
         return f"delete {words[tool.params[0].name]}"
 
 
-_BUILTINS = {
-    name: getattr(builtins, name)
-    for name in (
-        "abs", "all", "any", "bool", "dict", "enumerate", "float", "int", "isinstance", "len", "list", "max",
-        "min", "range", "round", "set", "sorted", "str", "sum", "tuple", "zip", "KeyError",
-        "TypeError", "ValueError",
-    )
-}  # fmt: skip
-
-
-@functools.lru_cache(maxsize=256)
-def compile_written(code: str) -> Callable[[World, dict[str, Any]], Any]:
-    """`code`'s `call(world, args)`, run with a few builtins and `ToolError` in scope (no imports).
-    Not a sandbox: the code is in the package's spec.yaml, for review like any env code."""
-    namespace: dict[str, Any] = {"__builtins__": _BUILTINS, "ToolError": ToolError}
+def code_problem(code: str) -> str | None:
+    """What is wrong with a written tool's code that reading it shows (it is never run here:
+    `sandboxed.py` runs it, in the sandbox), or None."""
     try:
-        exec(compile(code, "<written tool>", "exec"), namespace)
-    except Exception as exc:  # what an LLM may write: a syntax error, a name at module level
-        raise SynthSpecError(f"its code does not run: {type(exc).__name__}: {exc}") from None
-    fn = namespace.get("call")
-    if not callable(fn):
-        raise SynthSpecError("its code defines no function call(world, args)")
-    return cast(Callable[[World, dict[str, Any]], Any], fn)
+        tree = ast.parse(code, "<written tool>")
+    except (SyntaxError, ValueError) as exc:  # what an LLM may write
+        return f"its code does not run: {type(exc).__name__}: {exc}"
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "call" for n in tree.body):
+        return "its code defines no function call(world, args)"
+    return None
 
 
 class Written:
     """A tool no template expresses, implemented by code in the spec (`code:`, by hand or by the
     LLM writer, `writer.py`): `call(world, args)` changes `world[table][key]` records and returns
-    a short text (the new key, when the tool `returns` a key type). `check_tool` holds it to the
-    contract every template keeps (it changes only its table, is deterministic, a missing id is a
-    `ToolError`) before any task is made."""
+    a short text (the new key, when the tool `returns` a key type). The code runs only in the
+    bubblewrap sandbox (`sandboxed.py`), on a copy of the world: only its own table comes back, so
+    a call that fails half way changes nothing. `check_tool` holds it to the contract every
+    template keeps (it changes only its table, is deterministic, a missing id is a `ToolError`)
+    before any task is made."""
 
     writes = True
     needs = (
@@ -280,33 +279,19 @@ class Written:
             return "has no code: give code: (def call(world, args): ...) or run steprl synth --writer-url"
         if not tool.phrase:
             return "needs a phrase: (how a request words a call, e.g. 'move {qty} from {a} to {b}')"
-        try:
-            compile_written(tool.code)
-        except SynthSpecError as exc:
-            return str(exc)
-        return None
+        return code_problem(tool.code)
 
     def result_type(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
         return tool.returns
 
     def call(self, spec: SynthSpec, tool: ToolDoc, world: World, args: Mapping[str, Any]) -> str:
         _check_refs(spec, world, tool, args)
-        # on a copy of the tool's table, kept only if the call succeeds: a call that fails half
-        # way changes nothing (as every template's calls)
-        table = tool.table
-        trial = {**world, table: copy.deepcopy(world[table])}
-        try:
-            out = compile_written(tool.code)(trial, dict(args))
-        except ToolError:
-            raise
-        except (LookupError, ValueError, TypeError, ArithmeticError, AttributeError) as exc:
-            # the model's arguments, as the code met them: the model's mistake, shown to it
-            raise ToolError(f"{tool.name}: {type(exc).__name__}: {exc}") from None
-        world[table] = trial[table]
-        return "ok" if out is None else str(out)
+        out, table = runner_for(tool).call(tool, world, args)
+        world[tool.table] = table
+        return out
 
     def phrase(self, spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
-        return tool.phrase.format(**words)
+        return fill_phrase(tool, words)
 
 
 #: name -> template; inference tries them in this order.
@@ -330,7 +315,7 @@ def infer_template(spec: SynthSpec, tool: ToolDoc, where: str) -> ToolDoc:
                 f"type {p.semantic!r}; use {spec.json_type(p.semantic)!r}"
             )
     if tool.phrase:  # a phrase that does not format is one line now, not mid-synthesis
-        phrase(spec, tool, {p.name: "x" for p in tool.params})
+        phrase_fields(tool)
     if tool.template:
         template = TEMPLATES.get(tool.template)
         if template is None:
@@ -348,22 +333,61 @@ def infer_template(spec: SynthSpec, tool: ToolDoc, where: str) -> ToolDoc:
     )
 
 
+def phrase_fields(tool: ToolDoc) -> list[tuple[str, str | None]]:
+    """The tool's `phrase` as (text, parameter or None) pieces: only plain ``{name}`` fields of
+    its parameters. `str.format` would also run ``{sku.__class__.__mro__}`` (attribute and index
+    access), a conversion or a nested field in a format spec: each is one line here."""
+    names = [p.name for p in tool.params]
+    pieces: list[tuple[str, str | None]] = []
+    try:
+        parsed = list(string.Formatter().parse(tool.phrase))
+    except ValueError as exc:  # an unmatched brace
+        raise _phrase_error(tool, names, str(exc)) from None
+    for text, field, spec, conversion in parsed:
+        pieces.append((text, None))
+        if field is None:
+            continue
+        if field not in names or spec or conversion:
+            shown = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise _phrase_error(tool, names, f"{{{shown}}} is not one of them")
+        pieces.append(("", field))
+    return pieces
+
+
+def _phrase_error(tool: ToolDoc, names: list[str], what: str) -> SynthSpecError:
+    return SynthSpecError(
+        f"tool {tool.name}: phrase {tool.phrase!r} may hold only its parameters as plain fields "
+        f"({', '.join('{' + n + '}' for n in names)}): {what}"
+    )
+
+
+def fill_phrase(tool: ToolDoc, words: Mapping[str, str]) -> str:
+    return "".join(text if field is None else str(words[field]) for text, field in phrase_fields(tool))
+
+
 def phrase(spec: SynthSpec, tool: ToolDoc, words: Mapping[str, str]) -> str:
     """A call in words: the tool's own `phrase` with {param} filled, else the template's."""
     if tool.phrase:
-        try:
-            return tool.phrase.format(**words)
-        except (KeyError, IndexError, ValueError, AttributeError) as exc:
-            raise SynthSpecError(
-                f"tool {tool.name}: phrase {tool.phrase!r} is not a template of its parameters "
-                f"({', '.join('{' + p.name + '}' for p in tool.params)}): {exc}"
-            ) from None
+        return fill_phrase(tool, words)
     return TEMPLATES[tool.template].phrase(spec, tool, words)
 
 
-def parse_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
-    """A `SynthSpec` from a YAML document's data, every tool's template inferred or checked."""
+def check_opt_in(carried: list[str], source: str, allow_written_code: bool) -> None:
+    """Tools `carried` code: one line unless their code is allowed to run (in the sandbox)."""
+    if carried and not allow_written_code:
+        raise SynthSpecError(
+            f"{source}: tools {carried} carry code: (template written), which runs in the bubblewrap "
+            "sandbox only if you allow it: read it, then pass --allow-written-code (steprl synth) or "
+            "env.params.allow_written_code: true (env synth)"
+        )
+
+
+def parse_spec(raw: Any, source: str = "<spec>", allow_written_code: bool = False) -> SynthSpec:
+    """A `SynthSpec` from a YAML document's data, every tool's template inferred or checked.
+    Tools that carry `code:` need `allow_written_code` (the code runs, in the sandbox, on every
+    call: whoever loads the spec says they read it)."""
     spec = read_spec(raw, source)
+    check_opt_in([t.name for t in spec.tools if t.code], source, allow_written_code)
     tools = tuple(infer_template(spec, t, f"tools[{i}] ({t.name})") for i, t in enumerate(spec.tools))
     return dataclasses.replace(spec, tools=tools)
 
@@ -382,5 +406,5 @@ def load_raw(path: str | Path) -> Any:
     return raw
 
 
-def load_spec(path: str | Path) -> SynthSpec:
-    return parse_spec(load_raw(path), str(path))
+def load_spec(path: str | Path, allow_written_code: bool = False) -> SynthSpec:
+    return parse_spec(load_raw(path), str(path), allow_written_code)

@@ -172,12 +172,22 @@ def validate(spec: SynthSpec, env: ToolEnv, task: Task) -> Verdict:
     return Verdict(reference, won)
 
 
-def baseline_rates(spec: SynthSpec, tasks: Sequence[Task], seeds: int = 4) -> dict[str, float]:
-    """The share of episodes the random and do-nothing strategies solve (each task x `seeds`)."""
+def baseline_rates(
+    spec: SynthSpec, tasks: Sequence[Task], seeds: int = 4, tick: Callable[[str], None] | None = None
+) -> dict[str, float]:
+    """The share of episodes the random and do-nothing strategies solve (each task x `seeds`);
+    `tick` hears how far it got, episode by episode (`package.Ticker`)."""
     env = make_env(spec, honest_user=True)
     policies = {"random": random_policy_for(spec), "do_nothing": do_nothing}
-    out = {}
+    out: dict[str, float] = {}
+    total, done = len(policies) * len(tasks) * seeds, 0
     for name, policy in policies.items():
-        wins = [play_policy(env, t, policy, s, spec.max_turns) >= 1.0 for t in tasks for s in range(seeds)]
+        wins = []
+        for t in tasks:
+            for s in range(seeds):
+                wins.append(play_policy(env, t, policy, s, spec.max_turns) >= 1.0)
+                done += 1
+                if tick is not None:
+                    tick(f"{spec.name}: the random and do-nothing baselines, {done} of {total} episodes")
         out[name] = sum(wins) / max(1, len(wins))
     return out

@@ -59,7 +59,7 @@ def draw(spec: SynthSpec, semantic: str, rng: random.Random, world: World | None
     pool = spec.pool(semantic)
     if isinstance(pool, Mapping):
         return rng.randint(int(pool["min"]), int(pool["max"]))
-    return rng.choice(list(pool))
+    return rng.choice(pool if isinstance(pool, list) else list(pool))  # no copy per draw
 
 
 def make_world(spec: SynthSpec, seed: int) -> World:
@@ -80,9 +80,8 @@ def make_world(spec: SynthSpec, seed: int) -> World:
         for f, typ in t.fields.items():
             if (t.name, f) in unique:
                 pool = spec.pool(typ)
-                values = (
-                    list(range(pool["min"], pool["max"] + 1)) if isinstance(pool, Mapping) else list(pool)
-                )
+                # a range, not a list of it: `sample` draws the same values from either
+                values = range(pool["min"], pool["max"] + 1) if isinstance(pool, Mapping) else list(pool)
                 if len(values) < t.rows:
                     raise SynthSpecError(
                         f"types.{typ}: tools find {t.name} by {f!r}, so it needs at least {t.rows} distinct "
@@ -93,6 +92,30 @@ def make_world(spec: SynthSpec, seed: int) -> World:
                 columns[f] = [draw(spec, typ, rng, world) for _ in keys]
         world[t.name] = {k: {f: columns[f][i] for f in t.fields} for i, k in enumerate(keys)}
     return world
+
+
+def referrers(spec: SynthSpec, world: World, table: str, key: str) -> list[str]:
+    """The records whose fields name record `key` of `table` ("loan L12"), in order."""
+    key_type = spec.tables[table].key_type
+    return [
+        f"{t.singular} {k}"
+        for t in spec.tables.values()
+        for k, record in sorted(world.get(t.name, {}).items())
+        if any(typ == key_type and record.get(f) == key for f, typ in t.fields.items())
+    ]
+
+
+def dangling(spec: SynthSpec, world: World) -> list[str]:
+    """Fields that name a record no longer in the world ("loans.L12.card"): a state no task's
+    golden state may be (a written tool may delete records a template's delete would refuse)."""
+    owner = spec.key_types()
+    return [
+        f"{t.name}.{k}.{f}"
+        for t in spec.tables.values()
+        for k, record in sorted(world.get(t.name, {}).items())
+        for f, typ in t.fields.items()
+        if typ in owner and f in record and str(record[f]) not in world.get(owner[typ], {})
+    ]
 
 
 def new_key(world: World, table: Table) -> str:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from steprl.envs.synth.check import check_tool
 from steprl.envs.synth.engine_chat import EngineChat, PromptTooLong
+from steprl.envs.synth.sandboxed import require_sandbox
 from steprl.envs.synth.spec import SynthSpec, SynthSpecError, ToolDoc
 from steprl.envs.synth.templates import parse_spec
 from steprl.envs.synth.users import api_key
@@ -144,7 +145,7 @@ def _with_code(raw: Mapping[str, Any], i: int, code: str) -> dict[str, Any]:
 def _problem(raw: Mapping[str, Any], i: int, code: str, source: str) -> str | None:
     raw = _with_code(raw, i, code)
     try:
-        spec = parse_spec(raw, source)
+        spec = parse_spec(raw, source, allow_written_code=True)  # the writer's: runs in the sandbox
         check_tool(spec, spec.tools[i])
     except (SynthSpecError, AssertionError) as exc:
         return str(exc)
@@ -173,9 +174,10 @@ def write_tools(raw: Mapping[str, Any], writer: Writer | None, source: str = "<s
             "or pass --writer-url and --writer-model (an endpoint) or --writer-engine and --writer-model "
             "(a model in this process) to have a model write it"
         )
+    require_sandbox([tools[i].get("name") for i in todo])  # the code cannot be checked: ask no model
     out = {**raw, "tools": [dict(t) for t in tools]}
     for i in todo:
-        spec = parse_spec(_with_code(out, i, _PLACEHOLDER), source)
+        spec = parse_spec(_with_code(out, i, _PLACEHOLDER), source, allow_written_code=True)
         messages = [{"role": "user", "content": prompt(spec, spec.tools[i])}]
         problem = "no answer"
         for _ in range(writer.attempts):
@@ -209,6 +211,8 @@ def check_written(spec: SynthSpec) -> None:
             check_tool(spec, tool)
         except AssertionError as exc:
             raise SynthSpecError(f"tools[{i}] ({tool.name}).code: breaks the tool contract: {exc}") from None
+        except SynthSpecError as exc:  # no sandbox here, or the code failed on its own in it
+            raise SynthSpecError(f"tools[{i}] ({tool.name}).code: {exc}") from None
         except Exception as exc:
             raise SynthSpecError(
                 f"tools[{i}] ({tool.name}).code: raised {type(exc).__name__}: {exc}"
