@@ -75,3 +75,13 @@ def test_an_mcp_server_that_exits_at_start(tmp_path: Path) -> None:
         },
     )
     assert_one_line(rc, out, "boom: no such flag --frobnicate")
+
+
+@pytest.mark.parametrize("depth", [980, 100_000])  # past our bound; past json's (Python's recursion limit)
+def test_a_task_file_row_nested_too_deep(tmp_path: Path, depth: int) -> None:
+    rows = tmp_path / "tasks.jsonl"
+    rows.write_text(
+        '{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2", "x": ' + "[" * depth + "]" * depth + "}\n"
+    )
+    rc, out = _run(tmp_path, {"name": "calculator", "task_file": {"path": str(rows)}})
+    assert_one_line(rc, out, "tasks.jsonl, line 2", "nested deeper than 64 levels")

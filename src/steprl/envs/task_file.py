@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from steprl.bounded_yaml import MAX_DEPTH
 from steprl.envs.spec import EnvSpec, TaskFactory
 from steprl.errors import UserError
 from steprl.types import Task
@@ -47,6 +48,7 @@ __all__ = ["TaskFile", "TaskFileError", "file_tasks", "load_task_file", "with_ta
 SPLITS = ("train", "eval")
 _JSONL = (".jsonl", ".ndjson")
 _PARQUET = (".parquet", ".pq")
+_TOO_DEEP = f"lists or objects nested deeper than {MAX_DEPTH} levels; flatten the row."
 
 
 class TaskFileError(UserError):
@@ -174,6 +176,8 @@ def _rows(tf: TaskFile, path: Path) -> Iterator[tuple[str, int, object]]:
                             f"task file {tf.path}, line {number}: not valid JSON ({exc.msg} at column "
                             f"{exc.colno}); write one JSON object per line."
                         ) from None
+                    except RecursionError:  # json gives up at Python's recursion limit
+                        raise TaskFileError(f"task file {tf.path}, line {number}: {_TOO_DEEP}") from None
         except UnicodeDecodeError as exc:
             raise TaskFileError(
                 f"task file {tf.path} is not UTF-8 text ({exc.reason}); save it as UTF-8."
@@ -271,8 +275,12 @@ def _split(value: object, task_id: str, at: str, tf: TaskFile) -> str:
     return str(value)
 
 
-def _json_value(value: Any, at: str) -> Any:
-    """`value` as JSON data: Parquet dates and decimals become strings; other non-JSON values are errors."""
+def _json_value(value: Any, at: str, depth: int = 1) -> Any:
+    """`value` as JSON data: Parquet dates and decimals become strings; other non-JSON values are
+    errors, and so is nesting deeper than `MAX_DEPTH` (that deep, this walk, and every one after
+    it in the env and the reward, would end in a RecursionError)."""
+    if depth > MAX_DEPTH:
+        raise TaskFileError(f"{at}: {_TOO_DEEP}")
     if value is None or isinstance(value, str | bool | int):
         return value
     if isinstance(value, float):
@@ -280,9 +288,9 @@ def _json_value(value: Any, at: str) -> Any:
             raise TaskFileError(f"{at}: {value} is not a JSON number; use null or a finite number.")
         return value
     if isinstance(value, list | tuple):
-        return [_json_value(v, at) for v in value]
+        return [_json_value(v, at, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {str(k): _json_value(v, at) for k, v in value.items()}
+        return {str(k): _json_value(v, at, depth + 1) for k, v in value.items()}
     if isinstance(value, datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, decimal.Decimal | datetime.timedelta):
