@@ -22,7 +22,9 @@ needs_sandbox = pytest.mark.skipif(
 )
 
 
-def steprl(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+def steprl(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str
+) -> tuple[int, str]:
     """`steprl ARGS` as the console script runs it: (exit code, what it printed on stdout); what
     it printed on stderr is kept in `steprl.err`."""
     monkeypatch.setattr(sys, "argv", ["steprl", *args])
@@ -270,3 +272,21 @@ def test_a_delete_leaves_no_dangling_reference(tmp_path: Path, capsys, monkeypat
         cards = {r["card"] for r in world["loans"].values()}
         assert cards <= set(world["members"]), (row["prompt"], cards - set(world["members"]))
     assert deletes  # some members without loans were deleted
+
+
+def test_a_create_must_take_the_fields_that_name_records(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A loan made without its member would name a default that is no member ("amber")."""
+    raw = yaml.safe_load(LOANS)
+    raw["tools"].append(
+        {
+            "name": "lend",
+            "writes": ["loans"],
+            "returns": "loan_id",
+            "parameters": {"type": "object", "properties": {"days": {"type": "integer"}}},
+        }
+    )
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    code, out = steprl(capsys, monkeypatch, "synth", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "p"))
+    assert (
+        code == 2 and "\n" not in out and "lend" in out and "takes every field that names a record" in out
+    ), out
