@@ -194,7 +194,9 @@ def test_num01_k_nonfinite_steps_in_a_row_abort_with_one_line(tmp_path, nan_loss
         and "\n" not in msg
     )
     assert "the last good checkpoint is" in msg and "step_000001" in msg
-    assert not (tmp_path / "runs" / "nan" / "checkpoints" / "step_000002").exists()  # not saved over
+    # as a signal: the step it stopped at is saved, and the last good checkpoint stays beside it
+    assert (tmp_path / "runs" / "nan" / "checkpoints" / "step_000001").is_dir()
+    assert (tmp_path / "runs" / "nan" / "checkpoints" / "step_000002").is_dir()
 
 
 class _DeadCalculator(CalculatorEnv):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from steprl.diagnostics.sinks import read_metrics_jsonl
+from steprl.diagnostics.sinks import open_output, read_metrics_jsonl
 
 DEFAULT_KEYS = ("success/rate", "tools/call_rate", "episode/turns_mean")
 DEFAULT_EVAL_KEYS = ("eval/success",)
@@ -83,5 +83,6 @@ def plot_learning_curve(
     suffix = f" (step {last_step:g})" if last_step is not None else " (no rows yet)"
     fig.suptitle(f"Learning curve: {metrics_jsonl.parent.name or metrics_jsonl.name}{suffix}")
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100, format="png")
+    with open_output(out_png, "wb") as f:  # never through a link planted in the run directory
+        fig.savefig(f, dpi=100, format="png")
     return out_png

@@ -11,6 +11,10 @@ that cannot be read is skipped, with a warning naming it).
 A write the disk refuses (full, I/O error) is an `OutputWriteError`: one line saying what was
 not written and how much space is left. The trainer writes a step's trajectories before its
 metrics row and stops there, so a row never stands for trajectories that were lost.
+
+Every writer of a run directory opens its files with `open_output` and checks its directories
+with `no_link`: a symlink planted there (pointing anywhere) is refused with one line, never
+written through (`OutputLinkError`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import IO, Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -32,13 +36,46 @@ import pyarrow.parquet as pq
 
 from steprl.diagnostics import episode_samples
 from steprl.diagnostics.episode_samples import Decode, StepAdvantages
-from steprl.errors import RunAborted
+from steprl.errors import RunAborted, UserError
 from steprl.types import Trajectory
 
 
 class OutputWriteError(RunAborted):
     """Metrics or trajectories could not be written (disk full, I/O error); what was written
     before is complete and readable."""
+
+
+class OutputLinkError(OutputWriteError, UserError):
+    """A file or directory a run writes is a symbolic link: refused, never written through (a
+    link planted in a run directory could point at anything of the user's)."""
+
+
+def no_link(path: Path) -> Path:
+    """`path`, unless it is a symbolic link (`OutputLinkError`, one line naming it)."""
+    if path.is_symlink():
+        raise OutputLinkError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); steprl never writes a run's files "
+            f"through a link: remove the link (rm {path}) and run again"
+        )
+    return path
+
+
+_MODES = {"w": os.O_TRUNC, "a": os.O_APPEND}
+
+
+def open_output(path: Path, mode: str = "w") -> IO[Any]:
+    """`open(path, mode)` for writing ("w", "a", "wb", "ab") that never follows a link at
+    `path` (O_NOFOLLOW: no window between a check and the open); one there is an
+    `OutputLinkError`. Its directory is the caller's to check (`no_link`) where it is not the
+    run directory itself, which a user may link elsewhere on purpose."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | _MODES[mode[0]]
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            no_link(path)
+        raise
+    return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
 
 def write_failed(what: str, path: Path, exc: OSError) -> OutputWriteError:
@@ -94,7 +131,7 @@ class JsonlSink(_ClosingContext):
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = open_output(self.path, "a")
         self._failed = False
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -161,13 +198,14 @@ def truncate_metrics(path: str | Path, last_step: int, warn: Callable[[str], Non
     """Keep the rows of steps `<= last_step` (a resume redoes the steps after its checkpoint;
     their old rows would be duplicates) and drop lines that cannot be read, telling `warn`.
     Atomic: the file is the old or the new one. Returns the number of rows dropped."""
-    path = Path(path)
+    path = no_link(Path(path))
     if not path.exists():
         return 0
     rows = read_metrics_jsonl(path, skip_bad=lambda problem: warn(f"WARNING: {problem}"))
     kept = [r for r in rows if int(r.get("step", 0)) <= last_step]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
+    with open_output(tmp, "w") as f:
+        f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
     os.replace(tmp, path)
     return len(rows) - len(kept)
 
@@ -350,7 +388,7 @@ class TrajectoryWriter(_ClosingContext):
     """
 
     def __init__(self, directory: str | Path, decode: Callable[[Sequence[int]], str] | None = None) -> None:
-        self.path = Path(directory)
+        self.path = no_link(Path(directory))
         self.path.mkdir(parents=True, exist_ok=True)
         for stale in self.path.glob(".*.tmp"):  # a write that a kill interrupted
             stale.unlink(missing_ok=True)
@@ -392,8 +430,9 @@ class TrajectoryWriter(_ClosingContext):
         tmp = self.path / f".{final.name}.tmp"
         table = pa.Table.from_pydict(columns, schema=self.schema)
         try:
-            pq.write_table(table, str(tmp))
-            with open(tmp, "rb+") as f:
+            with open_output(tmp, "wb") as f:
+                pq.write_table(table, f)
+                f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
         except OSError as exc:  # the disk refused: no half file, the earlier steps' files intact

@@ -11,7 +11,9 @@ A checkpoint is written into `.tmp-step_N/`, every file is flushed to disk, the 
 written, the directory is renamed, and only then does `latest` move and do older checkpoints
 beyond `keep_last` go. A kill at any point leaves `latest` on a complete checkpoint; a
 left-over `.tmp-*` is removed at the next start. A file whose checksum fails makes the loader
-fall back to the previous checkpoint, with a warning.
+fall back to the previous checkpoint, with a warning. Nothing is written through a link:
+`checkpoints/` being one is refused with one line; a link at a checkpoint's own names
+(`.tmp-step_N`, `step_N`) is replaced, its target untouched.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 import torch
 
+from steprl.diagnostics.sinks import no_link, open_output
 from steprl.errors import RunAborted, UserError
 from steprl.training.lora import is_adapter_checkpoint, is_peft, load_adapter_checkpoint, save_adapters
 
@@ -45,7 +48,7 @@ def step_dir(root: Path, step: int) -> Path:
 
 def _write(path: Path, data: bytes) -> None:
     """Every byte of state.pt and the manifest goes through here (tests inject faults)."""
-    with open(path, "wb") as f:
+    with open_output(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -79,9 +82,12 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint `step` and point `latest` at it; raise `CheckpointSaveError` (one line)
     if the disk refuses, leaving the previous checkpoint as it was."""
-    root.mkdir(parents=True, exist_ok=True)
+    no_link(root).mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
     tmp = root / f".tmp-{final.name}"
+    for own in (tmp, final):  # our names: a link there goes (never what it points at)
+        if own.is_symlink():
+            own.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
@@ -90,7 +96,7 @@ def save_checkpoint(
         else:
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "config.yaml").write_text(config_yaml)
+        _write(tmp / "config.yaml", config_yaml.encode())
         buf = io.BytesIO()  # serialise in memory: a full disk is then an OSError from write()
         torch.save(state, buf)
         _write(tmp / STATE, buf.getvalue())

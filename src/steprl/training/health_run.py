@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from steprl.config import Config
+from steprl.diagnostics.sinks import no_link, open_output
 from steprl.health.actions import Levers
 from steprl.training.build import Parts
 from steprl.training.controllers import Adjustments
@@ -110,7 +111,7 @@ def write_log(run_dir: Path, events: list[dict[str, Any]]) -> None:
     """Append the firings to health.jsonl (before the step's metrics row, like its episodes)."""
     if not events:
         return
-    with (run_dir / HEALTH_LOG).open("a") as f:
+    with open_output(run_dir / HEALTH_LOG, "a") as f:
         for e in events:
             f.write(json.dumps(e, allow_nan=False, default=str) + "\n")
         f.flush()
@@ -120,7 +121,7 @@ def write_log(run_dir: Path, events: list[dict[str, Any]]) -> None:
 def repair_log(run_dir: Path, step: int) -> None:
     """On resume: drop the firings of steps after the checkpoint (a resume runs them again) and
     any damaged line."""
-    path = run_dir / HEALTH_LOG
+    path = no_link(run_dir / HEALTH_LOG)
     if not path.exists():
         return
     kept = []
@@ -130,7 +131,8 @@ def repair_log(run_dir: Path, step: int) -> None:
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
             continue
-    path.write_text("".join(k + "\n" for k in kept))
+    with open_output(path, "w") as f:
+        f.write("".join(k + "\n" for k in kept))
 
 
 __all__ = [

@@ -31,7 +31,7 @@ import yaml
 
 from steprl.bounded_yaml import load_yaml_bounded
 from steprl.config import Config, ConfigError, dump_config
-from steprl.diagnostics.sinks import readable_parquet
+from steprl.diagnostics.sinks import no_link, open_output, readable_parquet
 from steprl.training import checkpoint as ckpt
 from steprl.training.build import Parts
 from steprl.training.components import component_states, load_component_states
@@ -125,14 +125,18 @@ def make_run_dir(plan: RunDir, cfg: Config, log: Callable[[str], None]) -> Path:
         if plan.clear:
             shutil.rmtree(run_dir)  # overwrite: cleared whole, never two runs' files side by side
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / MARKER).write_text("a steprl run directory: run.overwrite may clear it whole\n")
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        for name, text in (
+            (MARKER, "a steprl run directory: run.overwrite may clear it whole\n"),
+            ("config.yaml", dump_config(cfg)),
+        ):
+            with open_output(run_dir / name, "w") as f:  # a link planted there: refused
+                f.write(text)
     except OSError as exc:
         raise ConfigError(
             f"run.output_dir: cannot write the run directory {run_dir} ({exc.strerror or exc}); "
             "choose a writable directory with free space"
         ) from None
-    root = run_dir / CHECKPOINTS
+    root = no_link(run_dir / CHECKPOINTS)  # what a save left there is removed: never through a link
     if root.is_dir():
         for stale in ckpt.clean_stale(root):
             log(f"removed {stale.name}, left by a save that was interrupted")
@@ -174,8 +178,9 @@ def _redo_unreadable(run_dir: Path, found: Path, log: Callable[[str], None]) -> 
 def repair_trajectories(directory: Path, step: int, log: Callable[[str], None]) -> None:
     """A resume from checkpoint `step`: the files of later steps go (those steps are run again
     and write them anew); a file of an earlier step that cannot be read (truncated, corrupt) is
-    moved aside, so `read_trajectories` reads the rest, with a warning naming it."""
-    for file_step, f in _step_files(directory):
+    moved aside, so `read_trajectories` reads the rest, with a warning naming it. A link in
+    place of `directory` is refused: nothing is removed or moved through it."""
+    for file_step, f in _step_files(no_link(directory)):
         if file_step > step:
             f.unlink()
         elif (problem := readable_parquet(f)) is not None:
@@ -282,7 +287,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return ckpt.latest_complete(run_dir / CHECKPOINTS)
 
 
-def save(parts: Parts, state: TrainState, run_dir: Path, cfg: Config) -> Path:
+def save(parts: Parts, state: TrainState, run_dir: Path, cfg: Config, *, keep_all: bool = False) -> Path:
+    """Checkpoint `state`; `trainer.keep_last` older ones are kept, or (`keep_all`: a stop's
+    save) every one, so the last good checkpoint before a stop stays beside it."""
     return ckpt.save_checkpoint(
         run_dir / CHECKPOINTS,
         state.step,
@@ -290,5 +297,5 @@ def save(parts: Parts, state: TrainState, run_dir: Path, cfg: Config) -> Path:
         tokenizer=parts.policy.tokenizer,
         state=checkpoint_state(parts, state),
         config_yaml=dump_config(cfg),
-        keep_last=cfg.trainer.keep_last,
+        keep_last=cfg.trainer.keep_last + 1 if keep_all else cfg.trainer.keep_last,
     )

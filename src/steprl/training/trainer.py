@@ -1,10 +1,12 @@
 """The trainer. Reads top to bottom:
 
-decide the run directory (fresh, resumed or refused; nothing touched) -> build the parts -> make
-the run directory (an earlier run is cleared only now, once every start-up check has passed) ->
-restore a checkpoint -> start the rollout pipeline -> per step: take groups -> make the batch ->
-update -> publish weights (version + 1) -> evaluation, trajectories, metrics -> the controllers'
-adjustments for the next step (or a stop) -> checkpoint -> final checkpoint, curve.
+hold the run directory (one process at a time) -> decide it (fresh, resumed or refused; nothing
+touched) -> build the parts -> restore a checkpoint -> start the rollout pipeline -> the
+warm-start evaluation -> make the run directory (an earlier run is cleared only now, once every
+start-up check has passed and nothing before the first step can stop the start) -> per step:
+take groups -> make the batch -> update -> publish weights (version + 1) -> evaluation,
+trajectories, metrics -> the controllers' adjustments for the next step (or a stop) ->
+checkpoint -> final checkpoint, curve, report.
 
 Rollouts run in a producer (a background thread, or Ray rollout workers) while the learner
 trains, up to `rollout.max_staleness` policy versions ahead (`training/pipeline.py`). Synchronous
@@ -13,7 +15,8 @@ A run stops early, keeping what it finished, on SIGINT/SIGTERM (with a checkpoin
 finished step: at once while it waits on envs, for rollouts, demonstrations or an evaluation,
 whose tasks run again on resume; else after the current step), when a controller stops it
 (`training/controllers/`: `trainer.max_nonfinite_skips` steps in a row whose update was skipped
-as non-finite, `runtime.max_failed_steps` steps in a row over the failure budget), and when
+as non-finite, `runtime.max_failed_steps` steps in a row over the failure budget, a health
+rule; a stop leaves what a signal leaves, and deletes no earlier checkpoint), and when
 the disk refuses a step's outputs (that step is not checkpointed: a resume runs it again). A
 step's trajectories are written before its metrics row. Tasks admitted but not trained when a
 run ends (an asynchronous run admits ahead) are reported in one line; the checkpoint keeps them.
@@ -36,7 +39,6 @@ from steprl.config import Config
 from steprl.config_checks import check_host, config_warnings
 from steprl.diagnostics import (
     TrainingProgress,
-    TrajectoryWriter,
     env_metrics,
     gateway_metrics,
     plot_learning_curve,
@@ -44,17 +46,12 @@ from steprl.diagnostics import (
     rollout_metrics,
     template_metrics,
 )
-from steprl.diagnostics.episode_samples import log_episodes
-from steprl.diagnostics.sinks import (
-    MetricsSink,
-    OutputWriteError,
-    read_metrics_jsonl,
-)
+from steprl.diagnostics.sinks import OutputWriteError
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
 from steprl.report import write_report
 from steprl.rollout import seeds
-from steprl.training import env_setup, health_run, resume
+from steprl.training import env_setup, health_run, resume, run_lock
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.cross_policy import ratio_metrics
@@ -64,7 +61,7 @@ from steprl.training.health_snapshots import SnapshotRing
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.rollout_parts import cross_policy_lag
-from steprl.training.run_sinks import open_sinks
+from steprl.training.run_sinks import check_loggers, evals_so_far, open_outputs
 from steprl.training.saved_advantages import Advantages, saved_advantages, saved_step_credit
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
@@ -73,7 +70,6 @@ from steprl.training.stop_signal import StopOnSignal, StopRequested
 from steprl.training.warm_start_check import warn_if_weak
 from steprl.types import Trajectory
 
-EVAL_TRAJECTORIES = "eval_trajectories"  # <run_dir>/eval_trajectories/step_NNNNNN.parquet
 #: what a step saves beside its rollouts: advantages per turn and token, learned step rewards per turn
 Saved = tuple[list[Advantages | None], list[list[float] | None] | None]
 
@@ -91,8 +87,10 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
     HTTP env server, or in Ray actors); the env pool and the writers are closed however the run
     ends."""
     check_host(cfg)  # device and output directory: one line, before anything is made
-    plan = resume.plan_run_dir(cfg, log)  # fresh, resumed or refused: nothing touched yet
     with contextlib.ExitStack() as cleanup:
+        # this process's until it ends, from before anything is cleared: a second is one line
+        cleanup.enter_context(run_lock.hold_run_dir(Path(cfg.run.output_dir) / cfg.run.name))
+        plan = resume.plan_run_dir(cfg, log)  # fresh, resumed or refused: nothing touched yet
         envs = cleanup.enter_context(env_setup.env_pool(cfg))
         try:
             return _train(cfg, envs, plan, cleanup, log)
@@ -130,9 +128,9 @@ def _train(
     with stop.interruptible():
         env_setup.check_env_starts(envs, run_envs, cfg, log)
         parts = build(cfg, run_envs, envs, cleanup, log, resuming=resume_from is not None)
-    # every start-up check has passed (config, env, model, extras): only now is an earlier run's
-    # directory cleared, so a start that fails leaves it whole
-    run_dir = resume.make_run_dir(plan, cfg, log)
+    check_loggers(cfg)  # W&B's credentials, before anything is cleared
+    for key, value in cfg.derived().items():
+        log(f"  {key}: {value}")
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
     if resume_from is not None:
         state = resume.restore(parts, resume_from)
@@ -142,25 +140,6 @@ def _train(
         state = TrainState(0, parts.engine.version, RngState.capture(shuffle_rng))
     pipeline = start_pipeline(cfg, parts, parts.source, state, log)
     cleanup.callback(pipeline.close)
-    metrics_sink = cleanup.enter_context(open_sinks(cfg, run_dir, state.step, log, parts.fmt.decode))
-    traj_writer = (
-        cleanup.enter_context(TrajectoryWriter(run_dir / "trajectories", decode=parts.fmt.decode))
-        if cfg.logging.save_trajectories
-        else None
-    )
-    # the held-out episodes of every evaluation, beside the training ones (same columns; the
-    # files of evaluations a resume redoes go, as the training ones do)
-    if resume_from is not None:
-        resume.repair_trajectories(run_dir / EVAL_TRAJECTORIES, state.step, log)
-        health_run.repair_log(run_dir, state.step)
-    eval_writer = (
-        cleanup.enter_context(TrajectoryWriter(run_dir / EVAL_TRAJECTORIES, decode=parts.fmt.decode))
-        if cfg.logging.save_trajectories
-        else None
-    )
-    for key, value in cfg.derived().items():
-        log(f"  {key}: {value}")
-
     held_out = eval_setup(parts)
 
     first_failures = FirstFailures(log)
@@ -177,19 +156,33 @@ def _train(
         first_failures(trajectories, f"evaluation at step {step}")
         return metrics, {"time/eval_s": time.perf_counter() - started}, trajectories
 
-    if state.step == 0:
-        warm, took, warm_episodes = run_eval(0)
+    # the warm start's evaluation comes before the clearing too: a signal in it (a stop before
+    # the first step) leaves an earlier run whole
+    warm_start = run_eval(0) if state.step == 0 else None
+    # every start-up check has passed (config, env, model, extras, loggers): only now is an
+    # earlier run's directory cleared, so a start that fails leaves it whole
+    run_dir = resume.make_run_dir(plan, cfg, log)
+    out = open_outputs(
+        cfg,
+        run_dir,
+        state.step,
+        resumed=resume_from is not None,
+        cleanup=cleanup,
+        decode=parts.fmt.decode,
+        log=log,
+    )
+    if warm_start is not None:
+        warm, took, warm_episodes = warm_start
         log(
             f"warm start: {describe_eval(warm)} "
             f"({len(parts.eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
         )
         warn_if_weak(cfg, warm_episodes, log)  # before RL: a warm start RL cannot lift
-        _write_outputs(
-            run_dir, 0, warm | took, [], metrics_sink, None, evaluated=(warm_episodes, eval_writer)
-        )
-    warm, last_eval = _evals_so_far(run_dir / "metrics.jsonl", state.step)
+        out.write(0, warm | took, [], evaluated=warm_episodes)
+    warm, last_eval = evals_so_far(run_dir, state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
+    stopped: tuple[str, Path | None] | None = None  # a controller's stop: why, the checkpoint before it
     settings = parts.controllers.current()  # what the controllers set for the next step
     ring = parts.components.get("health:snapshots")  # what a health rollback restores
     if isinstance(ring, SnapshotRing) and not ring.steps:
@@ -224,21 +217,19 @@ def _train(
             )
             state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
             health_run.write_log(run_dir, firings)
-            _write_outputs(
-                run_dir,
+            out.write(
                 step,
                 metrics,
                 trajectories,
-                metrics_sink,
-                traj_writer,
                 advantages=advantages,
                 step_credit=step_credit,
-                evaluated=(evaluated, eval_writer) if evaluated is not None else None,
+                evaluated=evaluated,
             )
             history.append(metrics)
             progress.update(step, metrics)
-            if settings.stop is not None:  # before this step is checkpointed: the last good one stays
-                raise RunAborted(f"{settings.stop}; {_kept(run_dir)}")
+            if settings.stop is not None:  # as a signal: saved below, the last good checkpoint kept
+                stopped = (settings.stop, resume.latest_checkpoint(run_dir))
+                break
             if isinstance(ring, SnapshotRing):  # after a rollback: the restored weights, no tasks
                 rolled_back = settings.once is not None and settings.once.rollback
                 ring.capture(step, () if rolled_back else pipeline.step_tasks)
@@ -249,20 +240,31 @@ def _train(
                 resume.save(parts, state, run_dir, cfg)
                 saved_step = step
 
-    # ---- wrap up: checkpoint, curve (an interrupt: checkpoint, then stop non-zero) -----------
+    # ---- wrap up: checkpoint, curve (an interrupt or a stop: checkpoint, then stop non-zero) --
     if state.pending:  # admitted ahead (rollout.max_staleness > 0), never trained: say so
         log(describe_pending(state.pending))
-    if saved_step != state.step:
-        resume.save(parts, state, run_dir, cfg)
-    metrics_sink.close()
+    if saved_step != state.step:  # a stop's save removes no older checkpoint (the last good one)
+        resume.save(parts, state, run_dir, cfg, keep_all=stopped is not None)
+    out.metrics.close()
     try:
         plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png")
-    except OSError as exc:  # everything else is saved: a missing picture is no reason to fail
+    except (OSError, OutputWriteError) as exc:  # all else is saved: a missing picture is no reason to fail
         log(f"WARNING: the learning curve was not written ({exc})")
     try:  # a view of what is saved: a report that fails costs the run nothing
         log(f"report: {write_report(run_dir, decode=parts.policy.tokenizer.decode).path}")
     except Exception as exc:
         log(f"WARNING: no report written ({type(exc).__name__}: {exc}); try: steprl report {run_dir}")
+    if stopped is not None:
+        reason, before = stopped
+        kept = (
+            f"the last good checkpoint is {before}"
+            if before
+            else "no earlier checkpoint (trainer.checkpoint_every)"
+        )
+        raise RunAborted(
+            f"{reason}; its checkpoint and outputs saved in {run_dir} ({kept}); "
+            f"resume with: {resume.resume_command(run_dir)}"
+        )
     if stop.signal:
         raise RunInterrupted(
             f"interrupted ({stop.signal}) at step {state.step}; checkpoint and outputs saved in {run_dir}; "
@@ -418,60 +420,6 @@ def describe_eval(m: dict[str, float]) -> str:
     if n and failed * 2 > n:
         return f"eval failed: {failed}/{n} episodes infra_failed"
     return f"held-out success {m['eval/success']:.3f}, tool-call rate {m['eval/tool_call_rate']:.3f}"
-
-
-def _kept(run_dir: Path) -> str:
-    last = resume.latest_checkpoint(run_dir)
-    return (
-        f"the last good checkpoint is {last}"
-        if last
-        else "no checkpoint was saved (trainer.checkpoint_every)"
-    )
-
-
-def _write_outputs(
-    run_dir: Path,
-    step: int,
-    metrics: dict[str, float],
-    trajectories: list[Trajectory],
-    sink: MetricsSink,
-    writer: TrajectoryWriter | None,
-    *,
-    advantages: list[Advantages | None] | None = None,
-    step_credit: list[list[float] | None] | None = None,
-    evaluated: tuple[list[Trajectory], TrajectoryWriter | None] | None = None,
-) -> None:
-    """The step's held-out episodes (`evaluated`: its evaluation's, and their writer) and
-    trajectories (with `advantages`, parallel to them), then its metrics row (a row never
-    stands for lost trajectories). A write the disk refuses stops the run before this step is
-    checkpointed, so a resume runs it again and writes them all."""
-    try:
-        if evaluated is not None and evaluated[1] is not None:
-            evaluated[1].write(step, evaluated[0])
-        if writer is not None:
-            writer.write(step, trajectories, advantages, step_credit)
-        log_episodes(sink, step, trajectories, advantages)  # TensorBoard's, W&B's samples
-        sink.log(step, metrics)
-    except OutputWriteError as err:
-        last = resume.latest_checkpoint(run_dir)
-        then = (
-            f"then resume with: {resume.resume_command(run_dir)} "
-            f"(from {last.name}: the steps after it run again)"
-            if last
-            else "then rerun it: no checkpoint was saved (trainer.checkpoint_every)"
-        )
-        raise OutputWriteError(
-            f"{err}, {then}; the run stopped at step {step}, the outputs of the steps before it are complete"
-        ) from err
-
-
-def _evals_so_far(path: Path, step: int) -> tuple[dict[str, float], dict[str, float]]:
-    """The warm-start evaluation and the latest one up to `step`, from metrics.jsonl."""
-    rows = [r for r in read_metrics_jsonl(path) if "eval/success" in r and r["step"] <= step]
-    pick = lambda r: {k: float(v) for k, v in r.items() if k.startswith("eval/") and v is not None}  # noqa: E731
-    if not rows:  # their lines were damaged and dropped at the resume
-        return {}, {}
-    return pick(rows[0]), pick(rows[-1])
 
 
 __all__ = ["TrainResult", "describe_eval", "run_step", "start_pipeline", "train"]
