@@ -177,7 +177,10 @@ class Add:
 
 class Create:
     writes = True
-    needs = "create: writes [T], parameters among T's fields, returns T's key type"
+    needs = (
+        "create: writes [T], parameters among T's fields (every field that names a record), "
+        "returns T's key type"
+    )
 
     def problem(self, spec: SynthSpec, tool: ToolDoc) -> str | None:
         table = spec.tables[tool.table]
