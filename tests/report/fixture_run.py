@@ -6,10 +6,13 @@ and config.yaml, and health.jsonl: two health rules fired, at steps 1 and 2."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from steprl import cli
 from steprl.diagnostics import JsonlSink, TrajectoryWriter
 from steprl.models.tiny import build_tokenizer
 from steprl.types import EndReason, Step, Trajectory
@@ -21,7 +24,7 @@ def _ids(text: str) -> tuple[int, ...]:
     return tuple(TOK.encode(text, add_special_tokens=False))
 
 
-def _episode(task: str, group: str, turns: list[tuple[str, str]], reward: float, version: int) -> Trajectory:
+def episode(task: str, group: str, turns: list[tuple[str, str]], reward: float, version: int) -> Trajectory:
     prompt = (TOK.bos_token_id, *_ids(task.split("-")[-1] + "+2\n"))
     steps = []
     for k, (action, obs) in enumerate(turns):
@@ -57,8 +60,8 @@ def make_run(root: Path, name: str = "fixture", **config_changes: dict) -> Path:
     (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     train = TrajectoryWriter(run / "trajectories")
     for step in (1, 2):
-        good = _episode(f"train-{step}", f"{step}-0", SOLVED, 1.0, step - 1)
-        bad = _episode(f"train-{step}", f"{step}-0", GUESSED, 0.0, step - 1)
+        good = episode(f"train-{step}", f"{step}-0", SOLVED, 1.0, step - 1)
+        bad = episode(f"train-{step}", f"{step}-0", GUESSED, 0.0, step - 1)
         train.write(
             step,
             [good, bad],
@@ -66,8 +69,8 @@ def make_run(root: Path, name: str = "fixture", **config_changes: dict) -> Path:
             step_credit=[[0.25] * len(good.steps), [-0.5] * len(bad.steps)],  # a step-reward model's
         )
     evals = TrajectoryWriter(run / "eval_trajectories")
-    evals.write(0, [_episode("eval-0", "e0", GUESSED, 0.0, 0), _episode("eval-1", "e1", SOLVED, 1.0, 0)])
-    evals.write(2, [_episode("eval-0", "e0", SOLVED, 1.0, 2), _episode("eval-1", "e1", SOLVED, 1.0, 2)])
+    evals.write(0, [episode("eval-0", "e0", GUESSED, 0.0, 0), episode("eval-1", "e1", SOLVED, 1.0, 0)])
+    evals.write(2, [episode("eval-0", "e0", SOLVED, 1.0, 2), episode("eval-1", "e1", SOLVED, 1.0, 2)])
     with JsonlSink(run / "metrics.jsonl") as sink:
         sink.log(0, {"eval/success": 0.5, "eval/tool_call_rate": 0.5})
         for step in (1, 2):
@@ -109,3 +112,22 @@ FIRINGS = [
         "acted": True,
     },
 ]
+
+
+def page_data(page: Path) -> dict:
+    """The JSON a written report embeds (what its script draws), read back from the HTML."""
+    text = page.read_text(encoding="utf-8")
+    start = text.index('id="report-data">') + len('id="report-data">')
+    return json.loads(text[start : text.index("</script>", start)])
+
+
+def steprl(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str]:
+    """`steprl *argv` through `steprl.cli.main`, the entry point, in this process (a subprocess
+    would only add seconds of imports): (exit code, everything printed)."""
+    monkeypatch.setattr(sys, "argv", ["steprl", *argv])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    captured = capsys.readouterr()
+    return int(done.value.code or 0), (captured.out + captured.err).strip()

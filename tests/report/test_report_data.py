@@ -39,7 +39,8 @@ def test_report_data_matches_the_golden_files(runs):
             f"section {name!r} differs from golden/{name}.json"
         )
     diff = produced["learning_diff"]
-    assert diff["pairs"][0]["task"] == "eval-0" and diff["pairs"][0]["verdict"] == "learned"
+    # one episode each: failed, then solved; a gain one sample cannot tell from luck (p = 0.5)
+    assert diff["pairs"][0]["task"] == "eval-0" and diff["pairs"][0]["verdict"] == "weak_gain"
     assert diff["pairs"][0]["first_diff_turn"] == 0
 
 

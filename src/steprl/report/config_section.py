@@ -10,14 +10,18 @@ from typing import Any
 
 import yaml
 
+from steprl.report.budget import clip
 from steprl.report.run_data import RunData
 
 #: what makes two runs incomparable, by the config keys (dotted prefixes) that decide it
 COMPARABILITY: dict[str, tuple[str, ...]] = {
-    "env": ("env.name", "env.params", "env.task_params", "env.task_file", "env.mix", "env.source"),
+    # not env.source (and its params): a curriculum over the same tasks is what --vs compares
+    "env": ("env.name", "env.params", "env.task_params", "env.task_file", "env.mix"),
     "model": ("model.name", "model.tiny", "model.lora"),
     "tokenizer": ("model.name", "model.format", "model.chat_template"),
 }
+VALUE_CHARS = 500  # one setting's value in the diff
+YAML_CHARS = 200_000  # the config as YAML (a config that inlines its task list can be longer)
 #: settings that differ between any two runs and say nothing about them
 _IGNORED = ("run.output_dir", "run.name", "run.overwrite", "run.resume")
 
@@ -39,13 +43,14 @@ def _shown(value: Any) -> str:
     lacks the settings added since, which is no difference)."""
     if value is None or value == {} or value == []:
         return "(unset)"
-    return json.dumps(value, default=str, sort_keys=True) if not isinstance(value, str) else value
+    text = json.dumps(value, default=str, sort_keys=True) if not isinstance(value, str) else value
+    return clip(text, VALUE_CHARS)
 
 
 def build(run: RunData) -> dict[str, Any]:
     runs = (run, *run.vs)
     data: dict[str, Any] = {
-        "yaml": yaml.safe_dump(dict(run.config), sort_keys=False) if run.config else "",
+        "yaml": clip(yaml.safe_dump(dict(run.config), sort_keys=False), YAML_CHARS) if run.config else "",
         "runs": [r.label for r in runs],
         "diff": [],
         "not_comparable": [],

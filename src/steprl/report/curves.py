@@ -43,6 +43,20 @@ def _points(run: RunData, key: str) -> list[list[float]]:
         value = row.get(key)
         if isinstance(value, int | float) and math.isfinite(value):
             out.append([int(row.get("step", 0)), round(float(value), 6)])
+    return downsample(out, run.caps.curve_points)
+
+
+def downsample(points: list[list[float]], limit: int) -> list[list[float]]:
+    """At most `limit` of `points` (in step order): in each of `limit // 2` runs of consecutive
+    points, the lowest and the highest, so a spike survives the thinning as a line would show it."""
+    if len(points) <= limit:
+        return points
+    buckets = max(1, limit // 2)
+    out = []
+    for b in range(buckets):
+        chunk = points[b * len(points) // buckets : (b + 1) * len(points) // buckets]
+        lo, hi = min(chunk, key=lambda p: p[1]), max(chunk, key=lambda p: p[1])
+        out.extend(sorted({id(lo): lo, id(hi): hi}.values(), key=lambda p: p[0]))
     return out
 
 

@@ -3,7 +3,9 @@ long run's page stays small, with a line saying how many of each are shown.
 
 Train episodes: per step, whole groups (`Caps.train_groups_per_step`), groups whose rewards
 differ first (only they carry a non-zero GRPO advantage, the colouring worth looking at).
-Held-out episodes: up to `Caps.eval_per_evaluation` per evaluation, in order.
+Held-out episodes: up to `Caps.eval_per_evaluation` per evaluation, in order. At most
+`Caps.episodes` in all (half for each kind, what one leaves to the other), from steps spread
+over the run; each cut to its share of `Caps.episode_bytes` (`embed.encode_all`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from steprl.report.run_data import RunData, encode_episode
+from steprl.report.budget import thin
+from steprl.report.embed import encode_all
+from steprl.report.run_data import RunData
+
+_SLACK = 20_000  # of the section's share, for what it says around the episodes
 
 
 def train_rows(table: pa.Table, groups_per_step: int) -> list[int]:
@@ -57,17 +63,44 @@ def rows_of(table: pa.Table, indices: Iterable[int]) -> list[dict[str, Any]]:
     return table.take(pa.array(indices, type=pa.int64())).to_pylist()
 
 
+def spread(table: pa.Table, rows: list[int], limit: int) -> list[int]:
+    """At most `limit` of `rows`, whole steps of them, the steps spread over the run (its first
+    and last among them)."""
+    if len(rows) <= limit:
+        return rows
+    steps = table.column("step").to_pylist()
+    by_step: dict[int, list[int]] = {}
+    for i in rows:
+        by_step.setdefault(int(steps[i]), []).append(i)
+    order = sorted(by_step)
+    per_step = max(1, max(len(v) for v in by_step.values()))
+    chosen = thin(order, max(1, limit // per_step))
+    return sorted(i for s in chosen for i in by_step[s])[:limit]
+
+
 def build(run: RunData) -> dict[str, Any]:
-    train = train_rows(run.train, run.caps.train_groups_per_step)
-    evals = eval_rows(run.evals, run.caps.eval_per_evaluation)
-    episodes = [encode_episode(r, "train", run.tokens) for r in rows_of(run.train, train)]
-    episodes += [encode_episode(r, "eval", run.tokens) for r in rows_of(run.evals, evals)]
+    caps = run.caps
+    train = train_rows(run.train, caps.train_groups_per_step)
+    evals = eval_rows(run.evals, caps.eval_per_evaluation)
+    train_kept = spread(run.train, train, max(caps.episodes // 2, caps.episodes - len(evals)))
+    evals_kept = spread(run.evals, evals, caps.episodes - len(train_kept))
+    # the budget by share of the rows: a page of mostly train episodes spends mostly on them
+    budget = caps.episode_bytes - _SLACK
+    share = budget * len(train_kept) // max(1, len(train_kept) + len(evals_kept))
+    trains = [e for e in encode_all(run.train, train_kept, "train", run.tokens, share, caps, run.path) if e]
+    left = budget - share
+    held_out = [e for e in encode_all(run.evals, evals_kept, "eval", run.tokens, left, caps, run.path) if e]
+    episodes = trains + held_out
     shown = (
-        f"{len(train)} of {run.train.num_rows} train episodes "
-        f"(up to {run.caps.train_groups_per_step} whole groups per step); "
-        f"{len(evals)} of {run.evals.num_rows} held-out episodes "
-        f"(up to {run.caps.eval_per_evaluation} per evaluation)"
+        f"{len(trains)} of {run.train.num_rows} train episodes "
+        f"(up to {caps.train_groups_per_step} whole groups per step); "
+        f"{len(held_out)} of {run.evals.num_rows} held-out episodes "
+        f"(up to {caps.eval_per_evaluation} per evaluation)"
     )
+    if len(train_kept) < len(train) or len(evals_kept) < len(evals):
+        shown += f"; at most {caps.episodes} in all, from steps spread over the run"
+    if any("show" in e for e in episodes):
+        shown += "; long episodes are cut (each cut says how long the whole is, and how to print it)"
     return {
         "episodes": episodes,
         "shown": shown,

@@ -47,7 +47,9 @@ pre { background: var(--soft); padding: 8px; overflow: auto; max-height: 420px; 
 .turnhead { font-size: 12px; color: var(--muted); margin-bottom: 3px; }
 .toks { font: 12px/1.7 ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre-wrap;
   word-break: break-all; }
-.tok { border-radius: 2px; }
+.tok { border-radius: 2px; unicode-bidi: isolate; }  /* a right-to-left token reorders only itself */
+.cut { color: var(--warn); font-style: italic; }
+.cut-note code { font-weight: 400; word-break: break-all; }
 .tok.masked { color: #9ca3af; background: repeating-linear-gradient(135deg, #f3f4f6 0 4px, #e5e7eb 4px 6px); }
 .tok.untrained { border-bottom: 1px dotted #9ca3af; }
 .scale { display: inline-block; width: 160px; height: 10px; vertical-align: middle;

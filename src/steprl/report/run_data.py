@@ -19,39 +19,85 @@ import pyarrow as pa
 
 from steprl.bounded_yaml import load_yaml_bounded
 from steprl.diagnostics.sinks import TRAJECTORY_SCHEMA, read_metrics_jsonl, read_trajectories
+from steprl.report.budget import clip, size
 
 HEALTH_FILE = "health.jsonl"  # the trainer's record of each health rule's firing, one JSON line each
 
 
 @dataclass(frozen=True)
 class Caps:
-    """How much of a run a report embeds, so that a long run's page stays small (< 10 MB) and
-    quick to build: whole groups of train episodes per step (a group's advantages are relative to
-    each other, so a group is shown whole), and held-out episodes per evaluation."""
+    """How much of a run a report embeds, so that the page stays under 10 MB whatever the run
+    holds, and quick to build and to draw. Which episodes: whole groups of train episodes per
+    step (a group's advantages are relative to each other, so a group is shown whole), held-out
+    episodes per evaluation, at most `episodes` in all, spread over the run. How much of each:
+    the byte shares below, measured as the page stores them (`report.budget.size`), each
+    episode cut to fit its share (`report.embed`). The shares add up to 9 MB; the page's own
+    script, styles and header are the rest."""
 
     train_groups_per_step: int = 2
     eval_per_evaluation: int = 200
     diff_pairs: int = 12  # held-out tasks offered in the learning diff
+    episodes: int = 3000  # the trajectory browser's episodes, at most
+    episode_bytes: int = 4_500_000  # the browser's episodes and the token texts they add
+    diff_bytes: int = 1_500_000  # the learning diff's episodes and the token texts they add
+    other_bytes: int = 3_000_000  # every other section together
+    section_bytes: int = 1_000_000  # any one other section
+    turn_tokens: int = 2048  # the most ids of one prompt, action or observation
+    episode_tokens: int = 40_000  # the most ids of one episode (the page draws one at a time)
+    max_turns: int = 100  # the most turns of one episode: the first ones and the last
+    text_chars: int = 200  # a task id, group id, env name
+    info_chars: int = 2000  # a turn's info (JSON text)
+    curve_points: int = 500  # one curve's points (each bucket's low and high kept)
+    notes: int = 20  # the notes in the page's header (what could not be read)
+
+
+TOKEN_CHARS = 64  # one token's text in the table: a real token is shorter
 
 
 class TokenText:
     """The text of each token id, decoded once per id (`decode([id])`) and kept in one table, so
-    the page stores each distinct token's text once and episodes as lists of ids."""
+    the page stores each distinct token's text once and episodes as lists of ids. `bytes` is
+    what the table adds to the page; `cost` what some ids would add before they are `use`d."""
 
     def __init__(self, decode: Callable[[list[int]], str] | None, note: str = "") -> None:
         self._decode = decode
         self.note = note  # why tokens show as ids (no tokenizer), else ""
         self._texts: dict[int, str] = {}
+        self._decoded: dict[int, str] = {}  # decoded, used or not
+        self.bytes = 2  # "{}"
+
+    def _entry_bytes(self, token_id: int) -> int:
+        return size(str(token_id)) + size(self._text(token_id)) + 2  # "id":"text",
+
+    def cost(self, ids: Sequence[int]) -> int:
+        """The bytes the table grows by when `ids` are used."""
+        return sum(self._entry_bytes(i) for i in {int(i) for i in ids} if i not in self._texts)
 
     def use(self, ids: Sequence[int]) -> list[int]:
         """Record `ids` for the page's token table; returns them as a plain list."""
         out = [int(i) for i in ids]
         for i in out:
             if i not in self._texts:
+                self.bytes += self._entry_bytes(i)
                 self._texts[i] = self._text(i)
         return out
 
+    def mark(self) -> int:
+        """A point `rollback` returns the table to (the ids used so far)."""
+        return len(self._texts)
+
+    def rollback(self, mark: int) -> None:
+        """Forget the ids used since `mark` (a section whose data the page dropped)."""
+        for i in list(self._texts)[mark:]:
+            self.bytes -= self._entry_bytes(i)
+            del self._texts[i]
+
     def _text(self, token_id: int) -> str:
+        if token_id not in self._decoded:
+            self._decoded[token_id] = clip(self._decode_one(token_id), TOKEN_CHARS)
+        return self._decoded[token_id]
+
+    def _decode_one(self, token_id: int) -> str:
         if self._decode is None:
             return f"\u27e8{token_id}\u27e9"
         try:
@@ -203,47 +249,8 @@ def is_success(row: Mapping[str, Any]) -> bool:
     return float(row.get("outcome_reward") or 0.0) >= 1.0
 
 
-def encode_episode(row: Mapping[str, Any], kind: str, tokens: TokenText) -> dict[str, Any]:
-    """One Parquet row as the page's compact episode: ids (text in the token table), advantages
-    rounded to 3 digits, and per turn the reward, its components, the policy version and the
-    step credit a step-reward model gave it (`algorithm.step_reward`; absent without one)."""
-    actions = row.get("action_ids") or []
-    advantages = row.get("advantages")
-    credit = row.get("step_credit")
-    turns = []
-    for k, action in enumerate(actions):
-        adv = advantages[k] if advantages is not None and k < len(advantages) else None
-        infos = row.get("step_info_json") or []
-        turns.append(
-            {
-                "a": tokens.use(action),
-                "adv": None if adv is None else [round(float(a), 3) for a in adv],
-                "o": tokens.use(_at(row.get("observation_ids"), k, [])),
-                "r": round(float(_at(row.get("rewards"), k, 0.0)), 4),
-                "v": int(_at(row.get("policy_versions"), k, 0)),
-                "info": _json_object(infos[k] if k < len(infos) else "{}"),
-            }
-            | ({"c": round(float(credit[k]), 4)} if credit is not None and k < len(credit) else {})
-        )
-    return {
-        "kind": kind,
-        "step": int(row.get("step") or 0),
-        "task": str(row.get("task_id") or ""),
-        "group": str(row.get("group_id") or ""),
-        "env": str(row.get("env") or ""),
-        "end": str(row.get("end") or ""),
-        "reward": round(float(row.get("outcome_reward") or 0.0), 4),
-        "success": is_success(row),
-        "prompt": tokens.use(row.get("prompt_ids") or []),
-        "turns": turns,
-    }
-
-
-def _at(values: Sequence[Any] | None, k: int, default: Any) -> Any:
-    return values[k] if values is not None and k < len(values) and values[k] is not None else default
-
-
-def _json_object(text: str) -> dict[str, Any]:
+def json_object(text: str) -> dict[str, Any]:
+    """`text` parsed as a JSON object; anything else kept as a value or as the raw text."""
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, TypeError):

@@ -103,32 +103,38 @@ function advColor(a, scale) {
   return t >= 0 ? `rgba(33,102,172,${alpha})` : `rgba(178,24,43,${alpha})`;
 }
 function tokenText(id) { const t = TOKENS[id]; return t === undefined ? `\u27e8${id}\u27e9` : t; }
-function maskedTokens(ids, what) {
-  return el("div", {class: "toks"}, ids.map((id) => el("span", {class: "tok masked", "data-masked": "1", title: `masked (${what}; not trained) · id ${id}`}, tokenText(id))));
+// a piece cut to fit the page: how long the whole is, and where to read it (the episode's `show`)
+function cutNote(shown, whole) {
+  return whole === undefined ? null : el("span", {class: "cut", "data-whole": whole}, ` \u2026 ${shown.toLocaleString("en")} of ${whole.toLocaleString("en")} tokens shown`);
 }
-function actionTokens(ids, adv, scale) {
+function maskedTokens(ids, what, whole) {
+  return el("div", {class: "toks"}, ids.map((id) => el("span", {class: "tok masked", "data-masked": "1", title: `masked (${what}; not trained) · id ${id}`}, tokenText(id))), cutNote(ids.length, whole));
+}
+function actionTokens(ids, adv, scale, whole) {
   return el("div", {class: "toks"}, ids.map((id, k) => {
     if (!adv) return el("span", {class: "tok act untrained", title: `model token, no advantage saved · id ${id}`}, tokenText(id));
     const a = adv[k];
     const ink = Math.abs(a) > 0.55 * (scale || 1) ? ";color:#fff" : "";  // dark fills: light text
     return el("span", {class: "tok act", "data-adv": a, style: `background:${advColor(a, scale)}${ink}`, title: `advantage ${fmt(a)} · id ${id}`}, tokenText(id));
-  }));
+  }), cutNote(ids.length, whole));
 }
 function advScale(ep) {
   let m = 0;
   for (const t of ep.turns) for (const a of t.adv || []) m = Math.max(m, Math.abs(a));
   return m;
 }
+function turnCount(ep) { return ep.turns_total === undefined ? ep.turns.length : ep.turns_total; }
 function badge(ok, yes, no) { return el("span", {class: "badge " + (ok ? "ok" : "bad")}, ok ? yes : no); }
-function turnView(t, k, scale, marked) {
+function turnView(t, i, scale, marked) {
+  const k = t.k === undefined ? i : t.k;  // the turn's index in the whole episode
   const comps = t.info && t.info.reward_components ? Object.entries(t.info.reward_components).map(([n, v]) => `${n} ${fmt(v)}`).join(", ") : "";
   const rest = Object.entries(t.info || {}).filter(([n, v]) => n !== "reward_components" && v !== null).map(([n, v]) => `${n}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  ");
   return el("div", {class: "turn" + (marked ? " first-diff" : ""), "data-turn": k},
     el("div", {class: "turnhead"}, marked ? el("span", {class: "badge mark"}, "first difference") : null,
       ` turn ${k + 1} · policy v${t.v} · reward ${fmt(t.r)}` + (comps ? ` (${comps})` : ""),
       t.c === undefined ? null : el("span", {class: "credit", "data-credit": t.c, title: "the step-reward model's reward for this step (algorithm.step_reward), before alpha"}, ` · step credit ${fmt(t.c)}`)),
-    actionTokens(t.a, t.adv, scale),
-    t.o.length ? maskedTokens(t.o, "observation") : null,
+    actionTokens(t.a, t.adv, scale, t.al),
+    t.o.length ? maskedTokens(t.o, "observation", t.ol) : null,
     rest ? el("div", {class: "note"}, rest) : null);
 }
 function episodeView(ep, opts) {
@@ -136,12 +142,17 @@ function episodeView(ep, opts) {
   const scale = advScale(ep);
   const box = el("div", {class: "episode", "data-kind": ep.kind, "data-task": ep.task});
   box.append(el("div", {}, el("b", {}, `${ep.kind} · step ${ep.step} · ${ep.task}`), " ", badge(ep.success, "solved", "not solved"),
-    ` reward ${fmt(ep.reward)} · ${ep.end} · ${ep.turns.length} turns · env ${ep.env} · group ${ep.group}`));
+    ` reward ${fmt(ep.reward)} · ${ep.end} · ${turnCount(ep)} turns · env ${ep.env} · group ${ep.group}`));
+  if (ep.show) box.append(el("div", {class: "warn cut-note"}, "Cut to fit the page (the \u2026 marks say how long the whole is); all of it: ", el("code", {}, ep.show)));
   box.append(el("div", {class: "note"}, scale > 0 ? ["advantage ", el("span", {class: "scale"}), ` \u2212${fmt(scale)} \u2026 +${fmt(scale)}; grey hatched: masked (prompt, observations)`]
     : "no advantages saved for this episode (held-out, or not trained on); grey hatched: masked"));
-  box.append(el("div", {class: "turnhead"}, "prompt"), maskedTokens(ep.prompt, "prompt"));
-  ep.turns.forEach((t, k) => box.append(turnView(t, k, scale, o.mark === k)));
-  if (o.mark !== undefined && o.mark !== null && o.mark >= ep.turns.length) box.append(el("div", {class: "turn first-diff"}, el("span", {class: "badge mark"}, "first difference"), " (no such turn: the episode had ended)"));
+  box.append(el("div", {class: "turnhead"}, "prompt"), maskedTokens(ep.prompt, "prompt", ep.pl));
+  ep.turns.forEach((t, i) => {
+    const k = t.k === undefined ? i : t.k;
+    if (i > 0 && ep.turns[i - 1].k !== undefined && k > ep.turns[i - 1].k + 1) box.append(el("div", {class: "turn cut"}, `\u2026 turns ${ep.turns[i - 1].k + 2}\u2013${k} not embedded`));
+    box.append(turnView(t, i, scale, o.mark === k));
+  });
+  if (o.mark !== undefined && o.mark !== null && o.mark >= turnCount(ep)) box.append(el("div", {class: "turn first-diff"}, el("span", {class: "badge mark"}, "first difference"), " (no such turn: the episode had ended)"));
   return box;
 }
 
@@ -180,7 +191,7 @@ RENDERERS.episodes = (root, d) => {
       && e.reward >= lo && e.reward <= hi);
     const LIMIT = 400;
     tbody.replaceChildren(...keep.slice(0, LIMIT).map(([e, i]) => el("tr", {class: "ep-row", "data-index": i, onclick: () => show(i)},
-      [i + 1, e.kind, e.step, e.task, e.end, fmt(e.reward), e.turns.length].map((c) => el("td", {}, c)))));
+      [i + 1, e.kind, e.step, e.task, e.end, fmt(e.reward), turnCount(e)].map((c) => el("td", {}, c)))));
     count.textContent = `${keep.length} of ${eps.length} episodes` + (keep.length > LIMIT ? ` (first ${LIMIT} listed; narrow the filter)` : "");
     if (keep.length && !keep.some(([, i]) => i === selected)) show(keep[0][1]);
   }
@@ -195,17 +206,23 @@ RENDERERS.episodes = (root, d) => {
 // ---- learning diff ---------------------------------------------------------------------
 RENDERERS.learning_diff = (root, d) => {
   if (!d.pairs.length) return empty(root, d.empty || "no held-out episodes to compare");
-  const t = d.tally;
-  root.append(el("p", {class: "note"}, `Held-out tasks at the evaluation after step ${d.first_step} vs after step ${d.last_step} (same task, same seed): ` +
-    `${t.learned} learned, ${t.forgot} forgotten, ${t.changed} changed without a new verdict, ${t.same} acted identically.`));
-  const pick = el("select", {}, d.pairs.map((p, i) => el("option", {value: i}, `${p.task} (${p.verdict})`)));
+  const t = d.tally, s = d.success;
+  if (d.warn) root.append(el("div", {class: "warn"}, d.warn));
+  root.append(el("p", {class: "note"}, `Held-out tasks at the evaluation after step ${d.first_step} vs after step ${d.last_step} (same task, same seed; ` +
+    `solved ${s.first[0]}/${s.first[1]} then ${s.last[0]}/${s.last[1]} episodes): ${t.learned} learned, ${t.forgot} forgotten (p \u2264 0.05 each), ` +
+    `${t.weak_gain} solved more and ${t.weak_loss} less on too few episodes to tell, ${t.changed} changed without a new verdict, ${t.same} acted identically. Strongest evidence first.`));
+  const VERDICT = {learned: "learned", forgot: "forgot", weak_gain: "weak gain", weak_loss: "weak loss", changed: "changed", same: "same"};
+  const evidence = (e) => `solved ${e.first[0]}/${e.first[1]} \u2192 ${e.last[0]}/${e.last[1]}, p = ${fmt(e.p)}`;
+  const pick = el("select", {}, d.pairs.map((p, i) => el("option", {value: i}, `${p.task} (${VERDICT[p.verdict] || p.verdict}; ${evidence(p.evidence)})`)));
   const body = el("div", {});
   root.append(el("label", {class: "note"}, "task ", pick), body);
   function draw() {
     const p = d.pairs[Number(pick.value)];
     const mark = p.first_diff_turn;
     body.replaceChildren(
-      el("p", {}, el("b", {}, p.task), ` \u2014 ${p.verdict}; ` + (mark === null ? "both evaluations acted identically" : `first difference at turn ${mark + 1}`)),
+      el("p", {}, el("b", {}, p.task), ` \u2014 ${VERDICT[p.verdict] || p.verdict}; ` + (mark === null ? "these two episodes acted identically" : `first difference at turn ${mark + 1}`)),
+      el("p", {class: "note evidence"}, `${evidence(p.evidence)} (Fisher's exact test, one-sided: how often chance alone gives so large a change); by evaluation: ` +
+        p.evidence.history.map(([st, ok, n]) => `${ok}/${n} after step ${st}`).join(", ")),
       el("div", {class: "diff"},
         el("div", {}, el("div", {class: "label"}, `after step ${d.first_step}`), episodeView(p.first, {mark})),
         el("div", {}, el("div", {class: "label"}, `after step ${d.last_step}`), episodeView(p.last, {mark}))));
