@@ -288,3 +288,14 @@ def test_a_create_must_take_the_fields_that_name_records(tmp_path: Path, capsys,
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     code, out = steprl(capsys, monkeypatch, "synth", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "p"))
     assert code == 2 and "\n" not in out and "lend" in out and "every field that names a record" in out, out
+
+
+def test_a_spec_of_nested_aliases_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Seven lines of aliases stand for 10^7 values (the bounded loader counts them expanded)."""
+    levels = ["&a0 [w, w, w, w, w, w, w, w, w, w]"] + [
+        f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)
+    ]
+    bomb = FILES.replace("description: Files and their modes.", f"description: [{', '.join(levels)}]")
+    (tmp_path / "s.yaml").write_text(bomb)
+    code, out = steprl(capsys, monkeypatch, "synth", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "p"))
+    assert code == 2 and "\n" not in out and "s.yaml" in out, out

@@ -51,6 +51,7 @@ from typing import Any
 
 import yaml
 
+from steprl.bounded_yaml import load_yaml_bounded
 from steprl.errors import UserError
 
 BUILTIN_TYPES = ("int", "bool", "str")
@@ -397,7 +398,7 @@ def read_spec(raw: Any, source: str = "<spec>") -> SynthSpec:
 def read_yaml(path: str | Path) -> Any:
     p = Path(path)
     try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
+        return load_yaml_bounded(p.read_text(encoding="utf-8"), str(p))  # bounded: no alias bombs
     except FileNotFoundError:
         raise SynthSpecError(f"{p}: no such file") from None
     except IsADirectoryError:
