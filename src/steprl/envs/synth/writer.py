@@ -2,7 +2,8 @@
 without `code:`), asked of any OpenAI-compatible endpoint (vLLM, SGLang, a hosted API, a steprl
 gateway) while `steprl synth` runs.
 
-Each answer is compiled and held to the contract every template keeps (`check.check_tool`: it
+Each answer is run in the bubblewrap sandbox (`sandboxed.py`; asking for a writer allows the
+code it writes) and held to the contract every template keeps (`check.check_tool`: it
 changes only its table, is deterministic, changes the state for some arguments, a missing id is
 a `ToolError`); a failure goes back to the model as feedback, up to `attempts` times, then the
 synthesis stops with one line naming the tool and what its last code did wrong. Accepted code is
