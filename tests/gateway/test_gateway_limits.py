@@ -119,8 +119,11 @@ def test_prompts_and_max_tokens_past_the_context_are_400_naming_the_numbers(serv
     half = [{"role": "user", "content": "x" * 300}]
     says = _error(_post(chat, {"messages": half, "max_tokens": 300}), 400)
     assert "301" in says and "300" in says and str(CONTEXT) in says
-    ok = _post(chat, {"messages": half, "max_tokens": CONTEXT - 301})
+    full = [{"role": "user", "content": "x" * 500}]  # 501 tokens + 11 is the context exactly
+    ok = _post(chat, {"messages": full, "max_tokens": CONTEXT - 501})
     assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] <= CONTEXT
+    unasked = _post(chat, {"messages": full})  # the context leaves 11 of the default 256
+    assert unasked.status_code == 200 and unasked.json()["usage"]["completion_tokens"] <= CONTEXT - 501
 
 
 def test_deep_or_broken_json_is_a_400_with_the_reason(served: Served) -> None:
