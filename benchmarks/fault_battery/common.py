@@ -230,14 +230,19 @@ class Ctx:
         args: Sequence[str],
         *,
         program: Sequence[str] = (STEPRL,),
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         cwd: Path | None = None,
         plugin_path: Sequence[Path] = (),
         mem_cap_mb: int | None = None,
     ) -> Proc:
         """`steprl *args` (or `program *args`) started in a session of its own, in `cwd` (default:
         the temp directory), `plugin_path` on PYTHONPATH (envs loaded with --plugin)."""
-        environ = {**os.environ, "COLUMNS": "400", "HOME": str(self.tmp / "home"), **(env or {})}
+        environ = {**os.environ, "COLUMNS": "400", "HOME": str(self.tmp / "home")}
+        for k, v in (env or {}).items():
+            if v is None:  # unset (W&B reads an empty variable as a value)
+                environ.pop(k, None)
+            else:
+                environ[k] = v
         environ.setdefault("STEPRL_CACHE", str(self.tmp / "cache"))
         path = [*([self.src] if self.src else []), *plugin_path]
         if path:  # ahead of the editable install's .pth entry: --src wins, plugins import
