@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli_runs import assert_one_line, run_steprl
+from cli_runs import TINY_SCRATCH, assert_one_line, run_steprl
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +85,10 @@ def test_a_task_file_row_nested_too_deep(tmp_path: Path, depth: int) -> None:
     )
     rc, out = _run(tmp_path, {"name": "calculator", "task_file": {"path": str(rows)}})
     assert_one_line(rc, out, "tasks.jsonl, line 2", "nested deeper than 64 levels")
+
+
+def test_a_step_reward_kind_that_is_not_a_step_reward_class(tmp_path: Path) -> None:
+    # os.system is callable: it passed as a kind, and the run crashed calling it with the model
+    sets = [x for s in (*TINY_SCRATCH, "algorithm.step_reward.kind=os:system") for x in ("--set", s)]
+    rc, out = _run(tmp_path, {"name": "calculator"}, *sets)
+    assert_one_line(rc, out, "algorithm.step_reward.kind 'os:system'", "not a step-reward class")

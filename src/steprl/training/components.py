@@ -71,4 +71,19 @@ def load_attr(path: str, key: str) -> Any:
     return obj
 
 
-__all__ = ["Stateful", "component_states", "load_attr", "load_component_states"]
+def by_name(name: str, table: Mapping[str, Any], key: str, what: str) -> Any:
+    """`table[name]`, or what the import path `name` names (`load_attr`): the one lookup of the
+    config keys that take "a name of this dict or package.module:attr of your own" (`env.source`,
+    `trainer.controllers`, `algorithm.step_reward.kind`). Any other name is one line listing the
+    dict; whether an imported object is of the right kind, the caller checks (its own words)."""
+    if name in table:
+        return table[name]
+    if ":" not in name:
+        raise ConfigError(
+            f"{key}: unknown {what} {name!r}; use one of {sorted(table)} "
+            "or the import path package.module:attr of your own"
+        )
+    return load_attr(name, key)
+
+
+__all__ = ["Stateful", "by_name", "component_states", "load_attr", "load_component_states"]

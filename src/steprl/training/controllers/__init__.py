@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from steprl.config import Config, ConfigError
-from steprl.training.components import Stateful, load_attr
+from steprl.training.components import Stateful, by_name
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
 from steprl.training.controllers.base import Adjustments, Controller, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
@@ -59,14 +59,7 @@ def _horizon(cfg: Config) -> str | None:
 def controller_spec(name: str) -> ControllerSpec:
     """The controller `name`: an entry of `CONTROLLERS`, or the import path of your own (a
     `ControllerSpec`, or a factory (cfg) -> controller, used whenever it is named)."""
-    if name in CONTROLLERS:
-        return CONTROLLERS[name]
-    if ":" not in name:
-        raise ConfigError(
-            f"trainer.controllers: unknown controller {name!r}; use one of {sorted(CONTROLLERS)} "
-            "or the import path package.module:attr of your own"
-        )
-    obj = load_attr(name, "trainer.controllers")
+    obj = by_name(name, CONTROLLERS, "trainer.controllers", "controller")
     if isinstance(obj, ControllerSpec):
         return obj
     if not callable(obj):

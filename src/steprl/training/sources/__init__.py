@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
 from steprl.config_values import check_params
-from steprl.training.components import Stateful, load_attr
+from steprl.training.components import Stateful, by_name
 from steprl.training.sources.admission import AdmissionSource
 from steprl.training.sources.difficulty import DifficultySource
 from steprl.training.sources.learning_progress import LearningProgressSource
@@ -83,12 +83,7 @@ def make_source(
     is one env's split), with `params` (`env.source_params`) as its keyword arguments."""
     if not isinstance(tasks, TaskSplits):
         tasks = TaskSplits.one(tasks)
-    factory = TASK_SOURCES.get(name) or (_from_import_path(name) if ":" in name else None)
-    if factory is None:
-        raise ConfigError(
-            f"env.source: unknown task source {name!r}; use one of {sorted(TASK_SOURCES)} "
-            "or the import path package.module:attr of your own"
-        )
+    factory = _factory(name)
     params = dict(params or {})
     try:
         check_params("env.source_params", factory, params, skip=2)
@@ -100,11 +95,11 @@ def make_source(
         raise ConfigError(msg) from None
 
 
-def _from_import_path(path: str) -> SourceFactory:
-    obj = load_attr(path, "env.source")
+def _factory(name: str) -> SourceFactory:
+    obj = by_name(name, TASK_SOURCES, "env.source", "task source")
     if not callable(obj):
         raise ConfigError(
-            f"env.source {path!r} is a {type(obj).__name__}, not a factory (tasks, seed) -> source"
+            f"env.source {name!r} is a {type(obj).__name__}, not a factory (tasks, seed) -> source"
         )
     factory: SourceFactory = obj
     return factory
