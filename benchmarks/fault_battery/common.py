@@ -269,11 +269,18 @@ class Ctx:
         return self.start(args, **kw).wait(deadline)  # type: ignore[arg-type]
 
     def train(
-        self, sets: Sequence[str], *, config: Path = TINY_CONFIG, deadline: float = 180, **kw: object
+        self,
+        sets: Sequence[str],
+        *,
+        config: Path = TINY_CONFIG,
+        deadline: float = 180,
+        extra_args: Sequence[str] = (),
+        **kw: object,
     ) -> Run:
-        """`steprl train CONFIG` at the tiny shape, writing under the temp directory."""
-        args = ["train", str(config), *_sets([*TINY, f"run.output_dir={self.tmp / 'runs'}", *sets])]
-        return self.steprl(args, deadline=deadline, **kw)
+        """`steprl train CONFIG` at the tiny shape, writing under the temp directory; `sets`
+        after the shape (so they win), `extra_args` (a --plugin) after those."""
+        shape = [*TINY, f"run.output_dir={self.tmp / 'runs'}", *sets]
+        return self.steprl(["train", str(config), *_sets(shape), *extra_args], deadline=deadline, **kw)
 
     def close(self) -> None:
         for p in self.procs:
