@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import yaml
 from fixture_run import CONFIG, GUESSED, SOLVED, episode, page_data, steprl
 
 from steprl.diagnostics import JsonlSink, TrajectoryWriter
+from steprl.report.learning_diff import first_difference, first_difference_at
 
 #: per evaluation step: the tasks solved (one sample each), on a run that collapses
 SOLVED_AT = {0: set(range(19)), 2: set(range(10)), 4: {0, 1, 19}}  # 19: failed, failed, solved
@@ -68,3 +70,21 @@ def test_the_learning_diff_leads_with_evidence_not_one_sample_flips(tmp_path, mo
     # over all these tasks' episodes, held-out success fell from 19/24 to 7/24: the page says so
     assert diff["success"]["first"] == [19, 24] and diff["success"]["last"] == [7, 24]
     assert "fell" in diff["warn"], diff
+
+
+def test_the_first_difference_in_arrow_is_the_first_difference_in_python():
+    cases = [
+        ([[1, 2], [3]], [[1, 2], [3]]),  # identical
+        ([[1, 2], [3]], [[1, 2], [4]]),  # a token of turn 2
+        ([[1, 2], [3]], [[1], [2, 3]]),  # same ids, cut into turns differently
+        ([[1, 2]], [[1, 2], [3]]),  # one more turn
+        ([[1, 2], [3]], [[1, 2]]),
+        ([], [[1]]),
+        ([[], [5]], [[], [6]]),  # an empty turn first
+        ([[1, 2, 3]], [[1, 2]]),
+    ]
+    actions = pa.chunked_array(
+        [pa.array([c for pair in cases for c in pair], type=pa.list_(pa.list_(pa.int32())))]
+    )
+    for k, (a, b) in enumerate(cases):
+        assert first_difference_at(actions, 2 * k, 2 * k + 1) == first_difference(a, b), (a, b)

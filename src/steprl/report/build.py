@@ -19,8 +19,8 @@ from typing import Any
 from steprl.diagnostics.sinks import open_output
 from steprl.errors import UserError
 from steprl.report import page, script
-from steprl.report.budget import blob, clip, size, visible_bidi
-from steprl.report.registry import SECTIONS, SectionSpec, section_data
+from steprl.report.budget import blob, clip, visible_bidi
+from steprl.report.registry import SECTIONS, SectionSpec, sized_section_data
 from steprl.report.run_data import Caps, RunData, load_run, run_label
 
 
@@ -50,8 +50,8 @@ def report_data(run: RunData, sections: Mapping[str, SectionSpec] = SECTIONS) ->
         own = _OWN_SHARE.get(name)
         share = own(run.caps) if own else min(run.caps.section_bytes, others_left)
         try:
-            data = section_data(name, spec, run)
-            cost = size(data) + run.tokens.bytes - table_bytes
+            data, data_bytes = sized_section_data(name, spec, run)
+            cost = data_bytes + run.tokens.bytes - table_bytes
             if cost > share:
                 raise ValueError(
                     f"its data is {cost / 1e6:.2f} MB, over its {share / 1e6:.2f} MB share of the page "

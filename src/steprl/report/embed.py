@@ -2,8 +2,9 @@
 (a 1 MiB observation, 10,000 turns, a megabyte of step info), the page gets a bounded piece of
 it, and each cut says how long the whole was and which `steprl show` line prints it.
 
-Only the kept part of a row is converted to Python: the turns and token lists are cut in Arrow
-(converting a 1 MiB observation to a Python list costs more than building the whole report).
+Only the kept part of a long row is converted to Python: its turns and token lists are cut in
+Arrow (converting a 1 MiB observation to a Python list costs more than building the whole
+report). Rows that fit the caps whole (most of a run's) are converted together, at once.
 The cut is derived from the allowance (`first_shape`), measured as the page stores it, and
 halved until the episode and the token texts it adds fit.
 """
@@ -14,8 +15,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -79,6 +81,86 @@ def _each(column: pa.ChunkedArray | None, row: int, keep: Sequence[int]) -> dict
     return dict(zip(keep, values.take(pa.array(keep, type=pa.int64())).to_pylist(), strict=True))
 
 
+_META = ("step", "task_id", "group_id", "env", "end", "outcome_reward", "info_json")
+
+
+class _Row(Protocol):
+    """One trajectory row, read either from Arrow (a long row, cut there) or from Python."""
+
+    n_turns: int
+
+    def cut(self, name: str, keep: Sequence[int], cap: int) -> dict[int, tuple[list[Any], int]]: ...
+    def each(self, name: str, keep: Sequence[int]) -> dict[int, Any]: ...
+    def prompt(self, cap: int) -> tuple[list[int], int]: ...
+    def meta(self) -> dict[str, Any]: ...
+
+
+class _ArrowRow:
+    def __init__(self, cols: Columns, row: int) -> None:
+        self.cols, self.row = cols, row
+        actions = cols["action_ids"][row]
+        self.n_turns = len(actions.values) if actions.is_valid else 0
+
+    def cut(self, name: str, keep: Sequence[int], cap: int) -> dict[int, tuple[list[Any], int]]:
+        return _cut(self.cols.get(name), self.row, keep, cap)  # an older run's files may lack one
+
+    def each(self, name: str, keep: Sequence[int]) -> dict[int, Any]:
+        return _each(self.cols.get(name), self.row, keep)
+
+    def prompt(self, cap: int) -> tuple[list[int], int]:
+        cell = self.cols["prompt_ids"][self.row]
+        return (cell.values.slice(0, cap).to_pylist(), len(cell.values)) if cell.is_valid else ([], 0)
+
+    def meta(self) -> dict[str, Any]:
+        return {name: self.cols[name][self.row].as_py() for name in _META}
+
+
+class _PyRow:
+    def __init__(self, row: Mapping[str, Any]) -> None:
+        self.row = row
+        self.n_turns = len(row.get("action_ids") or [])
+
+    def cut(self, name: str, keep: Sequence[int], cap: int) -> dict[int, tuple[list[Any], int]]:
+        cell = self.row.get(name)
+        if cell is None:
+            return {}
+        return {k: ((cell[k] or [])[:cap], len(cell[k] or [])) for k in keep if k < len(cell)}
+
+    def each(self, name: str, keep: Sequence[int]) -> dict[int, Any]:
+        cell = self.row.get(name)
+        return {} if cell is None else {k: cell[k] for k in keep if k < len(cell)}
+
+    def prompt(self, cap: int) -> tuple[list[int], int]:
+        ids = self.row.get("prompt_ids") or []
+        return ids[:cap], len(ids)
+
+    def meta(self) -> dict[str, Any]:
+        return dict(self.row)
+
+
+def _ids_per_row(column: pa.ChunkedArray) -> np.ndarray:
+    """Each row's ids over all its turns, of a list-of-lists column (no values converted)."""
+    out: list[np.ndarray] = [np.zeros(0)]
+    for chunk in column.chunks:
+        per_turn = pc.list_value_length(chunk.flatten()).fill_null(0).to_numpy(zero_copy_only=False)
+        parents = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+        out.append(np.bincount(parents, weights=per_turn, minlength=len(chunk)))
+    return np.concatenate(out)
+
+
+def _whole(table: pa.Table, rows: Sequence[int], caps: Caps) -> dict[int, dict[str, Any]]:
+    """The rows of `rows` that fit the caps whole, converted to Python together."""
+    if not rows:
+        return {}
+    lengths = pc.list_value_length(table.column("prompt_ids")).fill_null(0).to_numpy(zero_copy_only=False)
+    total = lengths + _ids_per_row(table.column("action_ids")) + _ids_per_row(table.column("observation_ids"))
+    turns = pc.list_value_length(table.column("action_ids")).fill_null(0).to_numpy(zero_copy_only=False)
+    small = [r for r in rows if total[r] <= caps.turn_tokens and turns[r] <= caps.max_turns]
+    if not small:
+        return {}
+    return dict(zip(small, table.take(pa.array(small, type=pa.int64())).to_pylist(), strict=True))
+
+
 def _info(text: str | None, caps: Caps) -> dict[str, Any]:
     """A turn's info: parsed when short; else its head as text (parsing a megabyte to show a
     line of it is the cost this module avoids)."""
@@ -92,16 +174,14 @@ def _number(value: Any, digits: int) -> float:
     return round(float(value), digits) if value is not None else 0.0
 
 
-def _encode(cols: Columns, row: int, kind: str, shape: Shape, caps: Caps) -> dict[str, Any]:
-    col = cols.get  # an older run's files may lack a later column (advantages, step credit)
-    actions_cell = cols["action_ids"][row]
-    n_turns = len(actions_cell.values) if actions_cell.is_valid else 0
+def _encode(src: _Row, kind: str, shape: Shape, caps: Caps) -> dict[str, Any]:
+    n_turns = src.n_turns
     keep = kept_turns(n_turns, shape.turns)
-    actions = _cut(col("action_ids"), row, keep, shape.tokens)
-    advantages = _cut(col("advantages"), row, keep, shape.tokens)
-    observations = _cut(col("observation_ids"), row, keep, shape.tokens)
-    rewards, versions = _each(col("rewards"), row, keep), _each(col("policy_versions"), row, keep)
-    infos, credit = _each(col("step_info_json"), row, keep), _each(col("step_credit"), row, keep)
+    actions = src.cut("action_ids", keep, shape.tokens)
+    advantages = src.cut("advantages", keep, shape.tokens)
+    observations = src.cut("observation_ids", keep, shape.tokens)
+    rewards, versions = src.each("rewards", keep), src.each("policy_versions", keep)
+    infos, credit = src.each("step_info_json", keep), src.each("step_credit", keep)
     turns = []
     for k in keep:
         a, a_len = actions.get(k, ([], 0))
@@ -120,11 +200,8 @@ def _encode(cols: Columns, row: int, kind: str, shape: Shape, caps: Caps) -> dic
         turn |= {"ol": o_len} if o_len > len(o) else {}
         turn |= {"k": k} if len(keep) < n_turns else {}
         turns.append(turn)
-    prompt_cell = cols["prompt_ids"][row]
-    prompt = prompt_cell.values.slice(0, shape.tokens).to_pylist() if prompt_cell.is_valid else []
-    prompt_len = len(prompt_cell.values) if prompt_cell.is_valid else 0
-    names = ("step", "task_id", "group_id", "env", "end", "outcome_reward", "info_json")
-    meta = {name: cols[name][row].as_py() for name in names}
+    prompt, prompt_len = src.prompt(shape.tokens)
+    meta = src.meta()
     episode: dict[str, Any] = {
         "kind": kind,
         "step": int(meta["step"] or 0),
@@ -161,16 +238,14 @@ def episode_ids(episode: dict[str, Any]) -> list[int]:
 
 
 def encode(
-    cols: Columns, row: int, kind: str, tokens: TokenText, allowance: int, caps: Caps, run_path: Path
+    src: _Row, kind: str, tokens: TokenText, allowance: int, caps: Caps, run_path: Path
 ) -> dict[str, Any] | None:
-    """Row `row` of a trajectory table (`cols`: its columns by name) as the page's episode,
-    costing at most `allowance` bytes with the token texts it adds to `tokens` (recorded there);
-    None when not even its header fits."""
-    actions = cols["action_ids"][row]
-    shape = first_shape(len(actions.values) if actions.is_valid else 0, allowance, caps)
-    task = str(cols["task_id"][row].as_py() or "")
+    """One row as the page's episode, costing at most `allowance` bytes with the token texts it
+    adds to `tokens` (recorded there); None when not even its header fits."""
+    shape = first_shape(src.n_turns, allowance, caps)
+    task = str(src.meta().get("task_id") or "")
     while True:
-        episode = _encode(cols, row, kind, shape, caps)
+        episode = _encode(src, kind, shape, caps)
         if _cut_anything(episode):
             episode["show"] = clip(show_command(run_path, episode, task), 2 * caps.text_chars)
         ids = episode_ids(episode)
@@ -197,9 +272,11 @@ def encode_all(
     out: list[dict[str, Any] | None] = []
     left = budget
     cols = {name: table.column(name) for name in table.column_names}
+    whole = _whole(table, rows, caps)
     for n, row in enumerate(rows):
         mark = tokens.bytes
-        episode = encode(cols, row, kind, tokens, left // (len(rows) - n), caps, run_path)
+        src: _Row = _PyRow(whole[row]) if row in whole else _ArrowRow(cols, row)
+        episode = encode(src, kind, tokens, left // (len(rows) - n), caps, run_path)
         left -= 0 if episode is None else size(episode) + 1 + tokens.bytes - mark
         out.append(episode)
     return out

@@ -7,12 +7,12 @@ JSON. A section draws with a renderer the page's script defines (`RENDERERS`), o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from steprl.report import admission, config_section, curves, episodes, health, learning_diff, steering
+from steprl.report.budget import size
 from steprl.report.run_data import RunData, empty_run
 
 #: the renderers the page's own script defines (report/script.py)
@@ -42,15 +42,20 @@ SECTIONS: dict[str, SectionSpec] = {
 
 def section_data(name: str, spec: SectionSpec, run: RunData) -> Any:
     """`spec.build(run)`, checked to be JSON (NaN and infinities are not), errors naming the section."""
+    return sized_section_data(name, spec, run)[0]
+
+
+def sized_section_data(name: str, spec: SectionSpec, run: RunData) -> tuple[Any, int]:
+    """`section_data`, and the bytes it adds to the page (measured in the one JSON encoding that
+    also checks it)."""
     data = spec.build(run)
     try:
-        json.dumps(data, allow_nan=False)
+        return data, size(data)
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"report section {name!r} returned data that is not JSON ({exc}); return dicts, lists, "
             "strings and finite numbers"
         ) from exc
-    return data
 
 
 def check_section(name: str, spec: SectionSpec, run: RunData | None = None) -> None:
