@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -19,11 +20,12 @@ from steprl.envs.deadline import DeadlineEnv, EnvCalls, run_within
 from steprl.envs.registry import EnvParamsError, get_spec, load_plugins
 from steprl.errors import UserError
 from steprl.extras import require_extra
-from steprl.hosting.env_procs import EnvProcesses, ProcessEnv, isolates
+from steprl.hosting.env_procs import EnvProcessError, EnvProcesses, ProcessEnv, isolates
 from steprl.hosting.env_worker import Meta
 from steprl.types import Task
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 class EnvBackend(Protocol):
@@ -95,7 +97,16 @@ class InProcessBackend:
             raise IncompleteEnv(f"env {self._name!r}: its factory returned {problem}")
         if isolates(self._factory, env):
             self._meta = Meta.of(env)
-            self.processes = EnvProcesses(self._name, self._params, self._factory, self._plugins).start()
+            try:
+                self.processes = EnvProcesses(self._name, self._params, self._factory, self._plugins).start()
+            except EnvProcessError as exc:  # e.g. an env registered by a script's __main__
+                _log.warning(
+                    "env %r runs on threads in this process, not in processes of its own (%s): a "
+                    "call past its deadline cannot be stopped there; register it in a module "
+                    "(env.plugins) to isolate it",
+                    self._name,
+                    exc,
+                )
         return self
 
     def _within(self, fn: Callable[[], T], what: str) -> T:
