@@ -60,7 +60,8 @@ def no_link(path: Path) -> Path:
     return path
 
 
-_MODES = {"w": os.O_TRUNC, "a": os.O_APPEND}
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
 
 
 def open_output(path: Path, mode: str = "w") -> IO[Any]:
@@ -68,14 +69,12 @@ def open_output(path: Path, mode: str = "w") -> IO[Any]:
     `path` (O_NOFOLLOW: no window between a check and the open); one there is an
     `OutputLinkError`. Its directory is the caller's to check (`no_link`) where it is not the
     run directory itself, which a user may link elsewhere on purpose."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | _MODES[mode[0]]
     try:
-        fd = os.open(path, flags, 0o666)
+        return open(path, mode, encoding=None if "b" in mode else "utf-8", opener=_no_follow)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             no_link(path)
         raise
-    return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
 
 def write_failed(what: str, path: Path, exc: OSError) -> OutputWriteError:

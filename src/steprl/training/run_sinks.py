@@ -106,13 +106,13 @@ class RunOutputs:
         evaluated: list[Trajectory] | None = None,
     ) -> None:
         """The step's held-out episodes (`evaluated`, of its evaluation) and trajectories (with
-        `advantages`, parallel to them), then its metrics row (a row never stands for lost
-        trajectories). A write the disk refuses stops the run before this step is
-        checkpointed, so a resume runs it again and writes them all."""
+        `advantages`, parallel to them; none at step 0, the warm start), then its metrics row
+        (a row never stands for lost trajectories). A write the disk refuses stops the run
+        before this step is checkpointed, so a resume runs it again and writes them all."""
         try:
             if evaluated is not None and self.evaluations is not None:
                 self.evaluations.write(step, evaluated)
-            if self.trajectories is not None:
+            if self.trajectories is not None and step > 0:  # step 0: the warm start, no training
                 self.trajectories.write(step, trajectories, advantages, step_credit)
             log_episodes(self.metrics, step, trajectories, advantages)  # TensorBoard's, W&B's samples
             self.metrics.log(step, metrics)
