@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import sendfds
@@ -99,6 +100,9 @@ class EnvProcesses:
         argv = [sys.executable, "-c", code]
         self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
+        # a backend dropped without close() (a test, a notebook) takes its zygote with it; the
+        # zygote's children die with it (PR_SET_PDEATHSIG)
+        weakref.finalize(self, _kill_quietly, self._proc)
         self._sock, self._conn = ours, Connection(os.dup(ours.fileno()))
         self._conn.send(self.setup)
         if not self._conn.poll(self.start_timeout_s):
@@ -259,6 +263,12 @@ class ProcessEnv:
         if meta is not None:
             self._meta = meta
         return result
+
+
+def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _exception(failure: Failure) -> BaseException:
