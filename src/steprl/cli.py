@@ -149,7 +149,9 @@ def eval_(
     checkpoint: Path = typer.Argument(
         ..., help="A run directory (its latest checkpoint) or runs/<name>/checkpoints/step_N."
     ),
-    tasks: int = typer.Option(200, help="Number of held-out tasks."),
+    tasks: int | None = typer.Option(
+        None, help="Number of held-out tasks [default: the run's trainer.eval_tasks]."
+    ),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
     set_: list[str] = typer.Option([], "--set", help="Override a key of the checkpoint's config."),
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),

@@ -56,13 +56,14 @@ def evals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]
     data[-7] ^= 0xFF  # a flipped byte in the weights: the file's checksum fails
     weights.write_bytes(bytes(data))
     cases = {
-        "fallback": [str(run)],
-        "named": [str(run / "checkpoints" / "step_000002")],
+        "fallback": [str(run), "--tasks", "2"],
+        "named": [str(run / "checkpoints" / "step_000002"), "--tasks", "2"],
+        "default": [str(run / "checkpoints" / "step_000001")],  # no --tasks: the run's eval_tasks
     }
     env = {**os.environ, "COLUMNS": "400"}
     procs = {
         name: subprocess.Popen(
-            [STEPRL, "eval", *argv, "--tasks", "2"],
+            [STEPRL, "eval", *argv],
             cwd=tmp,
             env=env,
             stdout=subprocess.PIPE,
@@ -93,3 +94,9 @@ def test_a_corrupt_checkpoint_named_by_path_is_refused(evals: dict[str, tuple[in
     rc, out = evals["named"]
     assert_one_line(rc, out, "step_000002 is corrupt: model.safetensors fails its checksum")
     assert len(out.splitlines()) == 1, out
+
+
+def test_eval_takes_the_runs_eval_tasks_by_default(evals: dict[str, tuple[int, str]]) -> None:
+    rc, out = evals["default"]
+    assert rc == 0, out
+    assert "eval/tasks: 8.0000" in out, out  # trainer.eval_tasks=8 (tiny_runs.SMALL), not 200

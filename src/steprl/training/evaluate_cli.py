@@ -30,8 +30,15 @@ from steprl.training.rollout_parts import engine_for
 
 
 def evaluate_checkpoint(
-    checkpoint: Path, cfg: Config, *, tasks: int, temperature: float, log: Callable[[str], None] = print
+    checkpoint: Path,
+    cfg: Config,
+    *,
+    tasks: int | None,
+    temperature: float,
+    log: Callable[[str], None] = print,
 ) -> dict[str, float]:
+    """`tasks` held-out tasks (None: the run's own `trainer.eval_tasks`, so the numbers compare
+    with the run's evaluations) at `temperature`."""
     transformers.utils.logging.disable_progress_bar()
     model = load_checkpoint_model(checkpoint, dtype=torch.float32)  # LoRA: the base, adapters merged
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -42,7 +49,7 @@ def evaluate_checkpoint(
             stack.callback(engine.close)
         run = env_setup.run_envs(cfg)
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature), run)
-        held_out = eval_tasks(cfg, run, tasks)
+        held_out = eval_tasks(cfg, run, cfg.trainer.eval_tasks if tasks is None else tasks)
         started = time.perf_counter()
         metrics, episodes = evaluate(held_out, setup, seed=seeds.eval_stream_seed(cfg.run.seed))
         metrics = {**metrics, "time/eval_s": time.perf_counter() - started}  # as training logs it
