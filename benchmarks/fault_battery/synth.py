@@ -92,7 +92,11 @@ def written_code_at_load(ctx: Ctx) -> Verdict:
     benign = escape_code(ctx.marker).split("def call", 1)[1]
     raw["tools"] = [*raw["tools"], transfer_tool("def call" + benign)]
     pkg = ctx.tmp / "pkg"
-    made = ctx.steprl(["synth", str(write_spec(ctx, raw)), "-o", str(pkg), "--no-check"], deadline=120)
+    # its maker read the benign code and allowed it (a spec carrying code needs the opt-in)
+    made = ctx.steprl(
+        ["synth", str(write_spec(ctx, raw)), "-o", str(pkg), "--no-check", "--allow-written-code"],
+        deadline=120,
+    )
     if made.rc != 0 or not (pkg / "spec.yaml").is_file():
         return escaped(ctx) or defect(f"could not make the benign package first: {made.last_line()}")
     spec = yaml.safe_load((pkg / "spec.yaml").read_text())
