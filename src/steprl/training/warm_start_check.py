@@ -76,7 +76,10 @@ def advice(reading: WarmStartReading, *, init: str, skill_steps: int) -> str | N
         )
     where += ")"
     if init != "sft":
-        return f"{where}; set model.init=sft to warm-start on the env's expert (docs/your-own-env.md)"
+        return (
+            f"{where}; warm-start it longer on the env's expert before RL (model.init=sft, "
+            "model.sft.skill_steps; docs/your-own-env.md, sizing the warm start)"
+        )
     factor = min(MAX_FACTOR, max(2, math.ceil(TARGET_SUCCESS / max(reading.success, 1e-3))))
     return (
         f"{where}; lengthen model.sft.skill_steps {skill_steps} -> {max(skill_steps, 50) * factor} "
