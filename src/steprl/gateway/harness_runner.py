@@ -17,7 +17,12 @@ taken and turned into steps (`trajectory_of`):
 * the harness's return value is the reward, on the last step. A harness that raises ends
   `infra_failed`, one that runs past its time `env_timeout` (both counted, never trained on);
   a call the gateway refused for the run's budgets ends it `truncated`; a harness that never
-  called the model, or returned no finite number, `infra_failed` with why.
+  called the model, or returned no finite number, `infra_failed` with why; so does one whose
+  calls named another session (an `x-session-id` header): they are not the episode's, and that
+  session is ended with it, never left behind;
+* the system prompt the harness sent first (`info["system_prompt"]`, "" for none): what the
+  warm start's demonstrations are compared with at the first evaluation
+  (`training/evaluate.py: system_prompt_note`).
 
 The gateway's counters are the run's `gateway/*` metrics (`HarnessRunner.metrics`).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import math
 import secrets
 import traceback
@@ -80,6 +86,53 @@ def trajectory_of(
         "samples": len(session.samples),
     }
     return Trajectory(task.id, group_id, task.env, steps, reward if trainable else 0.0, end, info)
+
+
+class _Requests:
+    """What a harness episode's HTTP requests showed (an httpx request hook): the sessions its
+    calls named other than its own, and the system prompt of its first chat call."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.foreign: set[str] = set()
+        self.system_prompt: str | None = None  # None: no chat call seen yet
+
+    async def __call__(self, request: Any) -> None:
+        named = request.headers.get("x-session-id")
+        if named is not None and named != self.key:
+            self.foreign.add(named)
+        if self.system_prompt is None and request.url.path.endswith(("/chat/completions", "/messages")):
+            try:
+                body = request.content
+            except Exception:  # a streamed body (never the openai client's): not read here
+                return
+            self.system_prompt = _system_text(body)
+
+    def foreign_error(self, calls: int) -> str:
+        names = ", ".join(repr(k) for k in sorted(self.foreign))
+        return (
+            f"the harness sent {calls} call(s) to session {names} (an x-session-id header), not to its "
+            "episode's, so none is trained on; drop the header (the client's API key names the episode)"
+        )
+
+
+def _system_text(body: bytes) -> str:
+    """The system prompt of a chat call's JSON body: its first message's, when that is a system
+    (or developer) message, or `system` (/v1/messages); "" when it has none."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    messages = data.get("messages") or [{}]
+    first = messages[0] if isinstance(messages, list) and isinstance(messages[0], dict) else {}
+    text = data.get("system") or (
+        first.get("content") if first.get("role") in ("system", "developer") else ""
+    )
+    if isinstance(text, list):  # text parts
+        text = "".join(str(p.get("text", "")) for p in text if isinstance(p, dict))
+    return text if isinstance(text, str) else ""
 
 
 class HarnessRunner:
@@ -144,7 +197,10 @@ class HarnessRunner:
             return Trajectory(task.id, group_id, task.env, (), 0.0, failed, {"error": str(exc)})
         key = f"{group_id}.{seed}"
         gateway.open(key, seed)
-        http = openai.DefaultAsyncHttpxClient(transport=http_lib.ASGITransport(app=app), base_url=_BASE)
+        seen = _Requests(key)
+        http = openai.DefaultAsyncHttpxClient(
+            transport=http_lib.ASGITransport(app=app), base_url=_BASE, event_hooks={"request": [seen]}
+        )
         client = openai.AsyncOpenAI(
             base_url=f"{_BASE}/v1", api_key=f"{self.token}.{key}", http_client=http, max_retries=0
         )
@@ -168,18 +224,25 @@ class HarnessRunner:
             # the episode is over whatever happened (a cancel too): later calls are refused, one
             # in flight is waited for, the session leaves the gateway
             session = await gateway.end(key)
+            others = [await gateway.end(other) for other in sorted(seen.foreign)]
             await http.aclose()
-        if session.refused and (end is EndReason.ANSWERED or refusal is not None):
+        if others:  # its calls went elsewhere: none is this episode's to train on, and it says why
+            calls = sum(len(s.turns) for o in others for s in o.samples)
+            end, info = EndReason.INFRA_FAILED, {"error": seen.foreign_error(calls)}
+        elif session.refused and (end is EndReason.ANSWERED or refusal is not None):
             # a call past the run's budget: the episode was cut, as the loop cuts one (no reward
             # when the harness let the refusal raise); any other failure stays a failure
             reward = reward if refusal is None else 0.0
             info = {"refused": info["error"]} if refusal is not None else info
             end = EndReason.TRUNCATED
-        if not session.samples and (end not in NOT_TRAINABLE or refusal is not None):
-            why = f"no call fit the run's budgets: {info['refused']}" if refusal is not None else ""
+        if not session.samples and not others and (end not in NOT_TRAINABLE or refusal is not None):
+            refused = info.get("refused", info.get("error"))
+            why = f"no call fit the run's budgets: {refused}" if refusal is not None else ""
             end, info = EndReason.INFRA_FAILED, {"error": why or "the harness never called the model"}
         # the turn cap, as the loop records it (a token budget cuts an episode without the cap)
         info |= {"turn_cap": setup.budgets.max_turns, "cut_by_cap": session.refused == "turns"}
+        if seen.system_prompt is not None:
+            info["system_prompt"] = seen.system_prompt
         return trajectory_of(session, task, group_id, reward, end, info)
 
 

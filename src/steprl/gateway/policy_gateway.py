@@ -142,7 +142,11 @@ class Gateway:
         self._closed: deque[str] = deque(maxlen=max_sessions)  # episodes over: later calls refused
 
     def open(self, key: str, episode_seed: int) -> None:
-        """Start session `key` as an episode: call k draws `seeds.turn_seed(episode_seed, k)`."""
+        """Start session `key` as an episode: call k draws `seeds.turn_seed(episode_seed, k)`. A
+        key whose episode ended starts afresh: every evaluation runs the same tasks with the same
+        seeds, hence the same keys (the ended episode's client is closed: none of its calls is left)."""
+        if key in self._closed:
+            self._closed.remove(key)
         self._episode_seeds[key] = episode_seed
         self.sessions.setdefault(key, Session(key))
 
