@@ -253,17 +253,38 @@ def _check_out(out: Path) -> None:
             )
 
 
-def _write(out: Path, name: str, lines: Iterable[str]) -> None:
-    """`out/name` replaced by `lines` without following a link there: written to a new file in
-    `out` (O_EXCL), then renamed over the name (a rename replaces a link, never its target)."""
+def _new_file(out: Path, name: str, lines: Iterable[str]) -> Path:
+    """A new file in `out` (O_EXCL, never an existing one or a link) holding `lines`, to be renamed
+    over `out/name` (a rename replaces a link there, never its target)."""
     fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.writelines(lines)
-        os.replace(tmp, out / name)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def _write_all(out: Path, files: list[tuple[str, Iterable[str]]]) -> None:
+    """Every file written in full before any is renamed into place: a full disk leaves `out` as it
+    was (a directory this made, empty, is removed again), so the same command can run again."""
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[Path, str]] = []
+    try:
+        _check_out(out)  # again: what the synthesis gave time to change
+        for name, lines in files:
+            done.append((_new_file(out, name, lines), name))
+        for tmp, name in done:
+            os.replace(tmp, out / name)
+    except BaseException:
+        for tmp, _ in done:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        if made:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty: nothing but what this made was there
         raise
 
 
@@ -298,12 +319,14 @@ def write_package(
     summary = json.dumps({**asdict(report), "validated_share": report.validated_share}, indent=2)
     rows = (json.dumps({"id": t.id, "prompt": t.prompt, "seed": t.seed, **t.params}) + "\n" for t in tasks)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        _check_out(out)  # again: what the synthesis gave time to change
-        _write(out, "spec.yaml", [text])
-        _write(out, "tasks.jsonl", rows)
-        _write(out, "synth_report.json", [summary])
-        _write(out, "__init__.py", [_INIT_WRITTEN if _carried_code(raw) else _INIT])
+        init = _INIT_WRITTEN if _carried_code(raw) else _INIT
+        files: list[tuple[str, Iterable[str]]] = [
+            ("spec.yaml", [text]),
+            ("tasks.jsonl", rows),
+            ("synth_report.json", [summary]),
+            ("__init__.py", [init]),
+        ]
+        _write_all(out, files)
     except OSError as exc:
         raise SynthSpecError(f"{out}: cannot write the package: {exc.strerror or exc}") from None
     return report
