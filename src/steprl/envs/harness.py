@@ -19,8 +19,9 @@ reward, and the recorded calls become the trajectory that trains.
       task_params: {}                # that env's task parameters
 
 `tasks` names any env (`env.name` forms: a built-in, a family, an import path): its task
-generator gives the harness its tasks, its factory and strategies serve the SFT warm start's
-demonstrations and `check-env`, exactly as that env would. A harness that raises ends its
+generator gives the harness its tasks (each with `Task.env` harness), its factory and strategies
+serve the SFT warm start's demonstrations and `check-env`, exactly as that env would; the warm
+start is keyed on them, not on `run` or `timeout_s` (renaming the harness function keeps it). A harness that raises ends its
 episode `infra_failed` (counted, never trained on) with the error; one the gateway refused a
 call (the turn or token budget of `rollout`) ends `truncated`.
 """
@@ -28,16 +29,20 @@ call (the turn or token budget of `rollout`) ends `truncated`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 from steprl.envs.base import Env
 from steprl.envs.spec import EnvSpec, Harness
 from steprl.errors import UserError
+from steprl.types import Task
 
 #: env.params of the harness env
 PARAMS = ("run", "tasks", "env_params", "timeout_s")
+#: those that shape no demonstration: a warm start (which plays the env, never the harness) is
+#: not keyed on them, so renaming the harness function keeps it
+RUN_ONLY = ("run", "timeout_s")
 
 
 class HarnessParamsError(UserError):
@@ -82,15 +87,23 @@ def harness_spec(params: Mapping[str, Any], run: Callable[..., Any], inner: EnvS
         # the env the harness plays, for demonstrations and check-env: RL episodes run the harness
         return inner.factory(**dict(given if env_params is None else env_params))
 
+    def harness_tasks(split: str, seed: int, **task_params: Any) -> Iterator[Task]:
+        # the env's tasks, each naming the env that runs it (Task.env, as check-env holds)
+        return (replace(t, env="harness") for t in inner.tasks(split, seed, **task_params))
+
+    # the code they run: a warm start's key digests the played env's (`training/policy.py`)
+    factory.code_of = inner.factory  # type: ignore[attr-defined]
+    harness_tasks.code_of = inner.tasks  # type: ignore[attr-defined]
     # the env's own spec (its tasks, strategies and check-env rules), named harness, with the
     # harness that runs its RL and eval episodes
     return replace(
         inner,
         name="harness",
         factory=factory,
+        tasks=harness_tasks,
         description=f"the harness {params['run']} over the tasks of {inner.name}",
         harness=Harness(run=run, path=str(params["run"]), timeout_s=float(timeout)),
     )
 
 
-__all__ = ["PARAMS", "HarnessParamsError", "check_run", "harness_spec"]
+__all__ = ["PARAMS", "RUN_ONLY", "HarnessParamsError", "check_run", "harness_spec"]

@@ -21,6 +21,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env, EnvTimeout
 from steprl.envs.deadline import take_tasks
+from steprl.envs.harness import RUN_ONLY
 from steprl.envs.registry import get_spec
 from steprl.errors import UserError
 from steprl.models import qwen3_testbed, tiny
@@ -113,6 +114,11 @@ def _env_key(cfg: Config, run: setup.RunEnvs) -> dict[str, Any]:
     env["source"], env["source_params"] = "auto", {}
     if not run.several and _names_itself(run.envs[0].spec):
         env["name"] = run.envs[0].spec.name
+    # a harness env's demonstrations play the env it names, never the harness: which function
+    # runs the RL episodes, and for how long, is no part of them
+    for entry in [env, *env.get("mix", [])]:
+        if entry.get("name") == "harness" and isinstance(entry.get("params"), dict):
+            entry["params"] = {k: v for k, v in entry["params"].items() if k not in RUN_ONLY}
     return env
 
 
@@ -135,8 +141,10 @@ def _code_digest(objs: Iterable[object]) -> str:
     """A digest of the source files that define `objs` (classes, functions, partials, callable
     instances: the file of each one's class or function). Something without a source file (a
     built-in) counts by its qualified name."""
-    files = set()
-    for obj in objs:
+    objs, files = list(objs), set()
+    # a wrapper's own file and that of the code it runs (`code_of`: a harness env's factory and
+    # tasks run the played env's)
+    for obj in [*objs, *(o.code_of for o in objs if hasattr(o, "code_of"))]:
         fn = getattr(obj, "func", obj)  # functools.partial
         if not (inspect.isclass(fn) or inspect.isfunction(fn) or inspect.ismethod(fn)):
             fn = type(fn)  # a callable instance: its class holds the code
