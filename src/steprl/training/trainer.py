@@ -55,7 +55,7 @@ from steprl.training import env_setup, health_run, resume, run_lock
 from steprl.training.build import Parts, build, eval_setup
 from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.cross_policy import ratio_metrics
-from steprl.training.evaluate import evaluate
+from steprl.training.evaluate import check_first_evaluation, evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.health_snapshots import SnapshotRing
 from steprl.training.pipeline import Pipeline, describe_pending
@@ -179,6 +179,8 @@ def _train(
         )
         warn_if_weak(cfg, warm_episodes, log)  # before RL: a warm start RL cannot lift
         out.write(0, warm | took, [], evaluated=warm_episodes)
+        # a run that cannot evaluate stops now, not after its budget; a harness's system prompt
+        check_first_evaluation(cfg, held_out, parts.eval_tasks, warm, warm_episodes, log)
     warm, last_eval = evals_so_far(run_dir, state.step)
     history: list[dict[str, float]] = []
     saved_step = state.step if resume_from is not None else -1
