@@ -85,10 +85,10 @@ def config_for(env: str, arm: str) -> Path:
     return path
 
 
-def run(env: str, arm: str, seed: int, warm: str) -> None:
+def run(env: str, arm: str, seed: int, warm: str, steps: int = STEPS) -> None:
     name = f"{env}_{arm}_s{seed}"
     sets = [
-        f"run.name={name}", f"run.output_dir={OUT}", f"run.seed={seed}", f"trainer.total_steps={STEPS}",
+        f"run.name={name}", f"run.output_dir={OUT}", f"run.seed={seed}", f"trainer.total_steps={steps}",
         f"model.name={warm}", "model.init=pretrained", "rollout.system_prompt=none",
         "trainer.eval_every=8", "trainer.eval_tasks=64",
     ]  # fmt: skip
@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=list(ENVS))
     ap.add_argument("--arms", nargs="*", default=list(ARMS))
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     if not args.report_only:
@@ -165,7 +166,7 @@ def main() -> None:
         print("warm starts:", warm, flush=True)
         jobs = [(e, a, s) for s in SEEDS for e in args.only for a in args.arms]
         with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda j: run(*j, warm[j[0]]), jobs))
+            list(pool.map(lambda j: run(*j, warm[j[0]], args.steps), jobs))
     report(args.only, args.arms)
 
 
