@@ -7,13 +7,14 @@ reason logged in one line. And what the contract no longer requires (`reward_com
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from cli_runs import train_hang_env
+from cli_runs import ROOT, run_steprl, train_hang_env
 from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.check import EnvCheckError, check_spec
 from steprl.envs.contract import REASONS, transition_problem
@@ -64,9 +65,10 @@ def _spec(answer: Any = None) -> EnvSpec:
     )
 
 
-def _episode(env: Env):
+def _episode(env: Env, prompt: str | None = None):
     tok = tiny.build_tokenizer()
     task = next(make_tasks("calculator", "train", 0))
+    task = task if prompt is None else dataclasses.replace(task, prompt=prompt)
     return asyncio.run(
         run_episode(
             env,
@@ -102,6 +104,12 @@ def _episode(env: Env):
             "finite",
         ),
         ("a string", "not_a_transition", "step() returned str"),
+        # issue 44 item 10: a lone surrogate was a tokenizer TypeError in every episode
+        (
+            Transition("odd \ud800 text", 1.0, True, info=GOOD),
+            "text_not_unicode",
+            "step()'s observation has a lone surrogate '\\ud800' at index 4",
+        ),
     ],
 )
 def test_what_check_env_rejects_ends_the_trajectory_infra_failed_with_its_reason(answer, reason, says):
@@ -146,3 +154,50 @@ def test_a_str_reward_through_training_is_infra_failed_counted_and_said_once(tmp
             and row["infra/invalid/reward_type"] == 4
         )
         assert row["train/rows"] == 0 and row["traj/trainable"] == 0  # nothing trained with a wrong value
+
+
+class OddText(Answers):
+    """`Answers` whose reset observation or system prompt carries `text` (else it shows the task's
+    prompt)."""
+
+    def __init__(self, where: str, text: str) -> None:
+        super().__init__()
+        self.where, self.text = where, text
+        self.system_prompt = text if where == "system_prompt" else ""
+
+    def reset(self, task: Task, seed: int) -> Observation:
+        return Observation(self.text if self.where == "reset" else task.prompt)
+
+
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("reset", "reset()'s observation has a lone surrogate '\\udfff' at index 3"),
+        ("system_prompt", "the env's system_prompt has a lone surrogate '\\udfff' at index 3"),
+        ("prompt", "task 'calculator-train-0-0''s prompt has a lone surrogate '\\udfff' at index 3"),
+    ],
+)
+def test_env_text_with_a_lone_surrogate_ends_infra_failed_naming_the_field_and_the_character(where, says):
+    """Issue 44 item 10: was `TypeError: TextEncodeInput must be Union[...]` from the tokenizer."""
+
+    def episode(text: str):  # "prompt": a task (e.g. a task file's row with a "\ud800" escape)
+        return _episode(OddText(where, text), prompt=text if where == "prompt" else None)
+
+    traj = episode("abc\udfffdef")
+    assert traj.end is EndReason.INFRA_FAILED and traj.info["invalid"] == "text_not_unicode"
+    assert says in str(traj.info["error"]) and str(traj.info["error"]).isascii()  # printable as is
+    assert episode("abc \U0001f600 \u00e9").end is EndReason.ANSWERED  # a valid pair, no lone half
+
+
+def test_check_env_says_which_field_holds_a_lone_surrogate_in_one_line():
+    """`steprl check-env` on an env whose step() observations carry U+D800 (tests/faulty_envs.py)."""
+    rc, out = run_steprl(
+        ["check-env", "bad_text", "--plugin", "faulty_envs", "--tasks", "2"],
+        ROOT,
+        pythonpath=[ROOT / "tests"],
+    )
+    assert rc == 1 and "Traceback" not in out, out
+    last = out.splitlines()[-1]
+    assert (
+        "env 'bad_text'" in last and "step()'s observation has a lone surrogate '\\ud800' at index 4" in last
+    )

@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from steprl.envs.base import Env, EnvTimeout, Transition, maybe_await, missing_members
-from steprl.envs.contract import observation_problem, reward_components, transition_problem
+from steprl.envs.contract import observation_problem, reward_components, text_problem, transition_problem
 from steprl.envs.deadline import DeadlineEnv, take_tasks
 from steprl.envs.policy import Policy
 from steprl.envs.registry import EnvSpec, get_spec
@@ -383,6 +383,8 @@ def _make(spec: EnvSpec, params: dict[str, Any], call_timeout_s: float) -> Env:
         )
     if not isinstance(env.system_prompt, str):
         _fail(spec.name, f"system_prompt={env.system_prompt!r}; give a str ('' for none).")
+    if (problem := text_problem("the env's system_prompt", env.system_prompt)) is not None:
+        _fail(spec.name, problem.message)
     return DeadlineEnv(env, call_timeout_s, setting="--call-timeout-s")
 
 

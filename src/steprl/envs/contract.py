@@ -7,7 +7,8 @@ rejects never trains: in the loop an invalid `Transition` ends its trajectory `i
 
 The contract of a `Transition`:
 
-* ``observation``: a str;
+* ``observation``: a str of valid Unicode, as the env's ``system_prompt`` and a task's prompt
+  (no lone surrogate U+D800-U+DFFF: no tokenizer, Parquet file or terminal can encode one);
 * ``reward``: a real, finite number (int, float or a NumPy scalar; never a str, a bool or NaN);
 * ``terminated`` and ``truncated``: bools (NumPy bools too);
 * ``info``: a mapping. Every key is optional:
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +40,11 @@ REASONS = (
     "info_type",
     "reward_components",
     "components_sum",
+    "text_not_unicode",
 )
+
+# what `bytes.decode(errors="surrogateescape")` leaves of an undecodable byte, or a JSON "\ud800"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,19 @@ def reward_components(t: Transition) -> Mapping[str, float]:
     return {str(k): float(v) for k, v in components.items()}
 
 
+def text_problem(field: str, text: str) -> Problem | None:
+    """None when `text` (what `field` names, for the message) is valid Unicode; else where its
+    first lone surrogate is, shown escaped (the message itself must print)."""
+    found = None if text.isascii() else _LONE_SURROGATE.search(text)
+    if found is None:
+        return None
+    return Problem(
+        "text_not_unicode",
+        f"{field} has a lone surrogate {found.group()!r} at index {found.start()}; env text must be "
+        "valid Unicode (decode bytes with errors='replace', not 'surrogateescape').",
+    )
+
+
 def observation_problem(first: object) -> Problem | None:
     """None when `reset` returned a valid `Observation`."""
     if not isinstance(first, Observation) or not isinstance(first.text, str):
@@ -88,7 +107,7 @@ def observation_problem(first: object) -> Problem | None:
             "not_an_observation",
             f"reset() returned {type(first).__name__}; return steprl.envs.base.Observation(text).",
         )
-    return None
+    return text_problem("reset()'s observation", first.text)
 
 
 def transition_problem(t: object) -> Problem | None:
@@ -102,6 +121,8 @@ def transition_problem(t: object) -> Problem | None:
         return Problem(
             "observation_type", f"Transition.observation is {type(t.observation).__name__}; it must be str."
         )
+    if (problem := text_problem("step()'s observation", t.observation)) is not None:
+        return problem
     if not is_number(t.reward):
         return Problem(
             "reward_type",

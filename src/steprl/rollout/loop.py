@@ -20,6 +20,7 @@ from steprl.envs.contract import (
     Problem,
     observation_problem,
     reward_components,
+    text_problem,
     transition_problem,
 )
 from steprl.rollout import seeds
@@ -68,8 +69,10 @@ async def run_episode(
     info: dict[str, object] = {}
     cut_by_cap = False
     try:
+        _check(text_problem(f"task {task.id!r}'s prompt", task.prompt))  # a task file's "\ud800"
         first = await maybe_await(env.reset(task, seed))
         _check(observation_problem(first))
+        _check(text_problem("the env's system_prompt", env.system_prompt))
         tools = tool_schemas(env_tools(env))  # read after reset: MCP lists them then
         initial = fmt.initial_ids(env.system_prompt, first.text, tools)
         messages.append({"role": "user", "content": first.text})
