@@ -100,23 +100,31 @@ def rollout_setup(
 
 
 class NoEvalTasks(UserError):
-    """The task factory yields no eval task within the env call deadline."""
+    """An env's task factory yields no eval task: none at all, or none within the env call
+    deadline."""
 
 
 def eval_tasks(cfg: Config, run: env_setup.RunEnvs, n: int) -> list[Task]:
     """The held-out tasks: the first `n` of each env's eval split (the same for every
     evaluation). Each within `runtime.env_call_timeout_s`: a factory that never yields one stops
-    the run in one line instead of hanging it."""
+    the run in one line instead of hanging it. An empty eval split stops it too: the held-out
+    success before and after RL is what a run reports (a task file refuses one the same way)."""
     seed, timeout = seeds.eval_task_seed(cfg.run.seed), cfg.runtime.env_call_timeout_s
     held_out: list[Task] = []
     for key, split in run.splits("eval", seed).items():
         try:
-            held_out += take_tasks(split, n, timeout, "the eval split")
+            tasks = take_tasks(split, n, timeout, "the eval split")
         except EnvTimeout as exc:
             raise NoEvalTasks(
                 f"env {key!r}: {exc} (runtime.env_call_timeout_s); its task factory must yield eval "
                 f"tasks promptly (steprl check-env shows it)"
             ) from None
+        if not tasks:
+            raise NoEvalTasks(
+                f"env {key!r}: its eval split is empty, so there are no held-out tasks to evaluate on; "
+                "make its task factory yield tasks for split='eval' (steprl check-env shows it)"
+            )
+        held_out += tasks
     return held_out
 
 
@@ -139,6 +147,7 @@ def build(
         cfg.run.seed,
         cfg.env.source_params,
     )
+    held_out = eval_tasks(cfg, run, cfg.trainer.eval_tasks)  # none: refused before the model loads too
     if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
         raise UserError(
             "rollout.engine=vllm: set runtime.rollout_workers=0; Ray rollout workers hold HF engine copies "
@@ -296,7 +305,7 @@ def build(
         advantage_fn=functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params),
         group_filter=functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params),
         envs=run,
-        eval_tasks=eval_tasks(cfg, run, cfg.trainer.eval_tasks),
+        eval_tasks=held_out,
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
         source=source,
         controllers=controllers,
