@@ -117,7 +117,9 @@ def test_ckpt05_disk_full_is_one_line_and_the_previous_checkpoint_survives(
         _save(root, 2, model_and_tokenizer)
     msg = str(err.value)
     assert "\n" not in msg and "No space left on device" in msg and "step_000001 is intact" in msg
-    assert "MiB free" in msg
+    assert (
+        "MiB free" in msg and f"then resume with: steprl train --resume {tmp_path} (from step_000001" in msg
+    )
     assert not list(root.glob(".tmp-*")) and not (root / "step_000002").exists()
     assert _loaded_step(root) == 1
 
@@ -128,6 +130,29 @@ def test_ckpt05_disk_full_is_one_line_and_the_previous_checkpoint_survives(
     with pytest.raises(ckpt.CheckpointSaveError, match="Input/output error"):
         _save(root, 2, model_and_tokenizer)
     assert _loaded_step(root) == 1
+
+
+def test_a_full_disk_at_the_first_save_says_start_again_not_resume(
+    tmp_path, model_and_tokenizer, monkeypatch
+):
+    """Issue 44 item 11: with no checkpoint saved, "then resume" led to a refusal (--resume: no
+    complete checkpoint), and without run.overwrite the same command is refused too (the run
+    directory is there)."""
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(ckpt, "_write", full)
+    with pytest.raises(ckpt.CheckpointSaveError) as err:
+        _save(tmp_path / "checkpoints", 2, model_and_tokenizer)
+    msg = str(err.value)
+    assert (
+        "\n" not in msg
+        and "No space left on device" in msg
+        and "resume" not in msg.replace("nothing to resume", "")
+    )
+    assert "so there is nothing to resume" in msg
+    assert "start the run again with --set run.overwrite=true" in msg
 
 
 def test_ckpt07_a_flipped_byte_falls_back_to_the_previous_checkpoint(tmp_path, model_and_tokenizer):

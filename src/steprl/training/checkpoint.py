@@ -118,7 +118,8 @@ def save_checkpoint(
         free = shutil.disk_usage(root).free // 2**20
         raise CheckpointSaveError(
             f"checkpoint save at step {step} failed: {type(exc).__name__}: {exc} "
-            f"({free} MiB free under {root}); {kept}. Free space or move run.output_dir, then resume."
+            f"({free} MiB free under {root}); {kept}; free space or move run.output_dir, "
+            + then_what(root.parent, previous)
         ) from exc
     link = root / f".{LATEST}.tmp"
     link.unlink(missing_ok=True)
@@ -127,6 +128,19 @@ def save_checkpoint(
     for old in complete_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def then_what(run_dir: Path, last: Path | None) -> str:
+    """What to do once a write the disk refused has room again: resume from the checkpoint
+    `last`, or, with none saved, start the run again (a --resume would be refused then, and so
+    would the same command, the run directory being there)."""
+    if last is not None:
+        then = f"then resume with: steprl train --resume {run_dir}"
+        return f"{then} (from {last.name}: the steps after it run again)"
+    return (
+        "then start the run again with --set run.overwrite=true: no checkpoint was saved before it "
+        "(trainer.checkpoint_every), so there is nothing to resume"
+    )
 
 
 def clean_stale(root: Path) -> list[Path]:

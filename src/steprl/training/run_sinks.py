@@ -31,6 +31,7 @@ from steprl.diagnostics.sinks import (
 )
 from steprl.diagnostics.wandb_sink import FEATURE, WandbSink, WandbStartError
 from steprl.extras import require
+from steprl.training import checkpoint as ckpt
 from steprl.training import health_run, resume
 from steprl.training.saved_advantages import Advantages
 from steprl.types import Trajectory
@@ -117,13 +118,7 @@ class RunOutputs:
             log_episodes(self.metrics, step, trajectories, advantages)  # TensorBoard's, W&B's samples
             self.metrics.log(step, metrics)
         except OutputWriteError as err:
-            last = resume.latest_checkpoint(self.run_dir)
-            then = (
-                f"then resume with: {resume.resume_command(self.run_dir)} "
-                f"(from {last.name}: the steps after it run again)"
-                if last
-                else "then rerun it: no checkpoint was saved (trainer.checkpoint_every)"
-            )
+            then = ckpt.then_what(self.run_dir, resume.latest_checkpoint(self.run_dir))
             done = "the outputs of the steps before it are complete"
             raise OutputWriteError(f"{err}, {then}; the run stopped at step {step}, {done}") from err
 
