@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -83,3 +85,36 @@ def test_a_non_utf8_byte_in_metrics_names_the_line_or_is_dropped_with_a_warning(
     assert truncate_metrics(path, 2, warn=warnings.append) == 1  # step 3 dropped (redone)
     assert len(warnings) == 1 and "metrics.jsonl:3" in warnings[0] and warnings[0].startswith("WARNING")
     assert read_metrics_jsonl(path) == [{"step": 0, "x": 0.0}, {"step": 1, "x": 1.0}]  # repaired on disk
+
+
+# A TensorBoard sink whose events file meets a full disk (here: the file size limit, EFBIG, as
+# `prlimit --fsize` gives it; ENOSPC takes the same path): the sink's own line, nothing else.
+TENSORBOARD_FULL = """
+import resource, sys
+from steprl.diagnostics.sinks import OutputWriteError, TensorBoardSink
+
+sink = TensorBoardSink(sys.argv[1])
+sink.log(0, {"x": 0.0})
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # this process's files stop at 4 KiB
+try:
+    for step in range(1, 1000):
+        sink.log(step, {f"m/{i}": float(i) for i in range(50)})
+except OutputWriteError as err:
+    print(err)
+sink.close()
+"""
+
+
+def test_a_full_disk_under_tensorboard_is_its_one_line_without_the_writer_threads_traceback(tmp_path):
+    """Issue 44 item 10: TensorBoard's writer thread died with a traceback (11 lines, 'Exception in
+    thread') before the run's one line; its error is the foreground's to report."""
+    done = subprocess.run(
+        [sys.executable, "-c", TENSORBOARD_FULL, str(tmp_path / "tb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "TensorBoard events of step" in done.stdout and "File too large" in done.stdout, done.stdout
+    assert done.stderr == "", done.stderr

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -209,6 +210,22 @@ def truncate_metrics(path: str | Path, last_step: int, warn: Callable[[str], Non
     return len(rows) - len(kept)
 
 
+class _QuietTensorBoardThread:
+    """`threading.excepthook` without a traceback for TensorBoard's writer thread's OSError (a
+    full disk): tensorboard keeps the error for the foreground, whose next write or flush raises
+    it (`TensorBoardSink`: one line), and re-raises it in the thread too, whose traceback the
+    default hook printed before that line. Other threads' errors go to the hook it replaced."""
+
+    def __init__(self, previous: Callable[[threading.ExceptHookArgs], Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, args: threading.ExceptHookArgs) -> None:
+        if not (
+            type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError)
+        ):
+            self.previous(args)
+
+
 class TensorBoardSink(_ClosingContext):
     """One TensorBoard scalar per metric key (the slash prefix becomes the chart group); with
     `log_episodes`, histograms of each step's outcome rewards and token advantages, and every
@@ -233,6 +250,8 @@ class TensorBoardSink(_ClosingContext):
         # purge_step (a resume): TensorBoard hides the events at and after it that an earlier
         # process wrote, so a redone step is shown once
         self._writer = SummaryWriter(log_dir=str(self.logdir), purge_step=purge_step)
+        if not isinstance(threading.excepthook, _QuietTensorBoardThread):
+            threading.excepthook = _QuietTensorBoardThread(threading.excepthook)
         self.decode, self.text_every, self.text_episodes = decode, text_every, text_episodes
         self._failed = False
 
@@ -268,9 +287,9 @@ class TensorBoardSink(_ClosingContext):
     def close(self) -> None:
         try:
             self._writer.close()
-        except OSError:
-            if not self._failed:
-                raise
+        except OSError as exc:
+            if not self._failed:  # else: said already, by `log`
+                raise write_failed("the TensorBoard events", self.logdir, exc) from exc
 
 
 class MultiSink(_ClosingContext):
