@@ -5,7 +5,9 @@ and the allowed values, e.g. `rollout.grup_size: unknown key; allowed keys: cont
 ...`; a YAML syntax error names its file, line and column. Values are never coerced: `'8'` is
 not a count, `true` not a number (an int is a float), and numbers have ranges (`rollout.group_size:
 Input should be a valid integer (got '8'); allowed values: an integer > 0`; `steprl.config_values`).
-A relative `env.task_file.path` is relative to the config file. What depends on this machine (device,
+A relative path written in a config file (`model.chat_template`, `env.task_file.path`, ...:
+`config_values.anchor_paths`) is relative to the file's folder; one given with --set, to the
+working directory. What depends on this machine (device,
 output directory) and warnings about valid settings that mean nothing: `steprl.config_checks`.
 Derived sizes (trajectories per step, mini-batch size) are computed once and printed at start.
 """
@@ -53,7 +55,7 @@ from steprl.config_sections import (
 from steprl.config_values import (
     ConfigError,
     WandbSection,
-    anchor_task_files,
+    anchor_paths,
     check_params,
     format_errors,
     parse_override,
@@ -448,7 +450,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections (run:, model:, ...)")
         data = loaded
-        anchor_task_files(data, p.parent)
+        anchor_paths(data, p.parent, in_file=True)
     for item in overrides:
         keys, value = parse_override(item)
         node = data
@@ -458,7 +460,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                 raise ConfigError(f"override {item!r}: {k} is a value, not a section")
             node = nxt
         node[keys[-1]] = value
-    anchor_task_files(data, Path.cwd())  # one given with --set (the YAML's is absolute by now)
+    anchor_paths(data, Path.cwd(), in_file=False)  # those given with --set (the YAML's are absolute now)
     try:
         return Config.model_validate(data)
     except ValidationError as err:

@@ -109,7 +109,9 @@ class ModelSection(Section):
     # how text becomes tokens: "plain" (the tiny model's BOS + text), "chat" (the tokenizer's chat
     # template, exact multi-turn deltas), "auto" (chat when the tokenizer has a template)
     format: Literal["auto", "plain", "chat"] = "auto"
-    chat_template: str | None = None  # a Jinja file replacing the tokenizer's template
+    chat_template: str | None = (
+        None  # a Jinja file replacing the tokenizer's template; relative: as task_file.path
+    )
     lora: LoraSection | None = None  # {r, alpha, dropout, target_modules}: train adapters only
     tiny: TinySection = TinySection()
     sft: SFTSection = SFTSection()

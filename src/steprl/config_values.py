@@ -35,7 +35,7 @@ __all__ = [
     "ConfigError",
     "WandbSection",
     "allowed_values",
-    "anchor_task_files",
+    "anchor_paths",
     "check_params",
     "format_errors",
     "load_yaml",
@@ -243,19 +243,50 @@ def read_yaml(p: Path) -> Any:
         raise ConfigError(f"config file {p} cannot be read: {err}") from None
 
 
-def anchor_task_files(data: dict[str, Any], base: Path) -> None:
-    """Make each relative `task_file.path` of `env` (one env or a list) absolute against `base`:
-    the config file's directory for a path written in it (a config runs from any directory), the
-    working directory for one given with --set (as a shell user means it). A saved config (a
-    checkpoint's) then names the same file from anywhere."""
-    env = data.get("env")
+#: the config's paths to files it comes with, as (section, key); and each env's task_file.path.
+#: Not rollout.vllm_python: its default is the checkout's venv (the working directory's), and
+#: every saved config.yaml holds it.
+_PATH_KEYS = (("model", "chat_template"), ("model", "cache_dir"))
+
+
+def anchor_paths(data: dict[str, Any], base: Path, *, in_file: bool) -> None:
+    """Make each relative path the config names absolute against `base`: the config file's
+    folder for a path written in it (`in_file`: a config runs from any directory), the working
+    directory for one given with --set (as a shell user means it). A saved config (a
+    checkpoint's) then names the same files from anywhere. The paths: `_PATH_KEYS`, each env's
+    `task_file.path`, and, in a file, `model.name` when it is a path ('/' or .gguf) to something
+    beside the config (otherwise a Hub id or a built-in name, kept as written). Not
+    `run.output_dir`: where a command writes is the working directory's, as for every tool."""
+
+    def anchored(value: str) -> str:
+        return str((base / Path(value).expanduser()).absolute())
+
+    for section, key in _PATH_KEYS:
+        node = data.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = anchored(node[key])
+    for entry in _env_entries(data.get("env")):
+        tf = entry.get("task_file")
+        if isinstance(tf, dict) and isinstance(tf.get("path"), str):
+            tf["path"] = anchored(tf["path"])
+    model = data.get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    if in_file and isinstance(model, dict) and isinstance(name, str) and _local_path(name, base):
+        model["name"] = anchored(name)
+
+
+def _local_path(name: str, base: Path) -> bool:
+    """`model.name` names a model directory or a .gguf file under `base`, not a Hub id or a
+    built-in model (a bare name)."""
+    return ("/" in name or name.endswith(".gguf")) and (base / Path(name).expanduser()).exists()
+
+
+def _env_entries(env: Any) -> list[dict[str, Any]]:
+    """`env` as its entries: one env, a YAML list of them, or one with `mix`."""
     entries = (
         env if isinstance(env, list) else [env, *(env.get("mix") or [])] if isinstance(env, dict) else []
     )
-    for entry in entries:
-        tf = entry.get("task_file") if isinstance(entry, dict) else None
-        if isinstance(tf, dict) and isinstance(tf.get("path"), str):
-            tf["path"] = str((base / Path(tf["path"]).expanduser()).absolute())
+    return [e for e in entries if isinstance(e, dict)]
 
 
 class WandbSection(BaseModel):

@@ -80,3 +80,35 @@ def test_a_task_file_given_with_set_is_relative_to_the_working_directory(
     assert Path(cfg.env.task_file.path) == ROOT / "configs" / "tasks" / "time_tasks.jsonl"
     given = load_config(ROOT / "configs" / "mcp_time.yaml", ["env.task_file.path=mine.jsonl"])
     assert given.env.task_file is not None and given.env.task_file.path == str(tmp_path / "mine.jsonl")
+
+
+def test_every_path_in_a_config_file_is_relative_to_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44 item 11: configs/harness_calculator_tiny.yaml's chat_template resolved only from
+    the repository root. Files a config names travel with it (its folder); what a command writes
+    (run.output_dir), a Hub id and the vLLM venv (the checkout's) stay as given; a path given
+    with --set is the shell's."""
+    monkeypatch.chdir(tmp_path)
+    shipped = load_config(ROOT / "configs" / "harness_calculator_tiny.yaml")  # from elsewhere
+    assert shipped.model.chat_template == str(ROOT / "configs" / "templates" / "tiny_chat.jinja")
+    folder = tmp_path / "cfg"
+    (folder / "models" / "mine").mkdir(parents=True)
+    written = {
+        "run": {"output_dir": "runs"},
+        "model": {"name": "models/mine", "chat_template": "t.jinja", "cache_dir": "cache"},
+        "rollout": {"vllm_python": ".venv-vllm/bin/python"},
+        "env": {"mix": [{"name": "calculator", "task_file": {"path": "tasks.jsonl"}}]},
+    }
+    (folder / "c.yaml").write_text(yaml.safe_dump(written))
+    cfg = load_config(folder / "c.yaml")
+    assert (cfg.model.name, cfg.model.chat_template, cfg.model.cache_dir) == (
+        str(folder / "models" / "mine"),  # a model directory there, not a Hub id
+        str(folder / "t.jinja"),
+        str(folder / "cache"),
+    )
+    task_file = cfg.env.mix[0].task_file
+    assert task_file is not None and task_file.path == str(folder / "tasks.jsonl")
+    assert (cfg.run.output_dir, cfg.rollout.vllm_python) == ("runs", ".venv-vllm/bin/python")
+    given = load_config(folder / "c.yaml", ["model.name=org/name", "model.chat_template=mine.jinja"])
+    assert given.model.name == "org/name" and given.model.chat_template == str(tmp_path / "mine.jinja")
