@@ -383,8 +383,8 @@ def _make(spec: EnvSpec, params: dict[str, Any], call_timeout_s: float) -> Env:
         )
     if not isinstance(env.system_prompt, str):
         _fail(spec.name, f"system_prompt={env.system_prompt!r}; give a str ('' for none).")
-    if (problem := text_problem("the env's system_prompt", env.system_prompt)) is not None:
-        _fail(spec.name, problem.message)
+    if (odd := text_problem("the env's system_prompt", env.system_prompt)) is not None:
+        _fail(spec.name, odd.message)
     return DeadlineEnv(env, call_timeout_s, setting="--call-timeout-s")
 
 
