@@ -158,3 +158,14 @@ def test_a_health_rule_stop_leaves_what_ctrl_c_leaves(tmp_path):
     assert manifest["step"] == 1
     assert (run_dir / "report.html").stat().st_size > 0
     assert (run_dir / "learning_curve.png").stat().st_size > 0
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line() -> None:
+    """`run.output_dir` under /proc (found by the fault battery): a FileNotFoundError traceback
+    from making the lock's folder before; now the one-line refusal naming the key."""
+    from steprl.errors import UserError
+    from steprl.training.run_lock import hold_run_dir
+
+    with pytest.raises(UserError, match=r"run.output_dir: cannot write /proc/steprl-fault"):
+        with hold_run_dir(Path("/proc/steprl-fault/run")):
+            pass

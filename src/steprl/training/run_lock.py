@@ -37,13 +37,16 @@ def hold_run_dir(run_dir: Path) -> Iterator[Path]:
     """Hold `run_dir` for this process while the block runs (its lock file is yielded), or
     raise `RunDirInUse` (one line) if another process holds it."""
     lock = lock_path(run_dir)
-    lock.parent.mkdir(parents=True, exist_ok=True)
     try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             no_link(lock)  # refused, one line: never through a link
-        raise
+        raise UserError(
+            f"run.output_dir: cannot write {lock.parent} ({exc.strerror or exc}); "
+            "point run.output_dir at a folder you can write"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
