@@ -166,6 +166,8 @@ def test_an_output_dir_that_cannot_be_made_is_one_line() -> None:
     from steprl.errors import UserError
     from steprl.training.run_lock import hold_run_dir
 
-    with pytest.raises(UserError, match=r"run.output_dir: cannot write /proc/steprl-fault"):
-        with hold_run_dir(Path("/proc/steprl-fault/run")):
-            pass
+    with (
+        pytest.raises(UserError, match=r"run.output_dir: cannot write /proc/steprl-fault"),
+        hold_run_dir(Path("/proc/steprl-fault/run")),
+    ):
+        pass
