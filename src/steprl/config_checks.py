@@ -1,8 +1,9 @@
 """What a valid config still has to pass on this machine, and what it sets for nothing.
 
-`check_host(cfg)`: `model.device` exists here and `run.output_dir` can hold the run directory;
-each failure is a `ConfigError`, one line that names the key and the allowed values, raised
-before any work (the CLI calls it right after `load_config`).
+`check_host(cfg)`: `model.device` exists here, `model.cache_dir` is not a file, the tiny
+model fits this machine's memory and `run.output_dir` can hold the run directory; each
+failure is a `ConfigError`, one line that names the key and the allowed values, raised before
+any work (the CLI calls it right after `load_config`).
 
 `config_warnings(cfg)`: settings that are valid but mean nothing in this config (a critic no
 advantage reads, `keep_last_k` under a context rule without a window, an option of a runtime
@@ -15,19 +16,28 @@ import os
 from pathlib import Path
 
 from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC
-from steprl.config import Config, ConfigError, RolloutSection, RuntimeSection
+from steprl.config import Config, ConfigError, ModelSection, RolloutSection, RuntimeSection
 
-__all__ = ["check_device", "check_host", "check_output_dir", "config_warnings"]
+__all__ = [
+    "check_cache_dir",
+    "check_device",
+    "check_host",
+    "check_output_dir",
+    "check_tiny_size",
+    "config_warnings",
+]
 
 #: Context rules that read `rollout.keep_last_k`.
 _WINDOWED = ("keep_last_k", "drop_old_observations")
 
 
 def check_host(cfg: Config, *, device: bool = True, output_dir: bool = True) -> None:
-    """`check_device` and `check_output_dir` for `cfg` (`steprl eval` and `sft` write no run
-    directory; `steprl check-env` needs neither)."""
+    """`check_device` (with the model's own checks) and `check_output_dir` for `cfg` (`steprl
+    eval` and `sft` write no run directory; `steprl check-env` needs neither)."""
     if device:
         check_device(cfg.model.device)
+        check_cache_dir(cfg.model.cache_dir)
+        check_tiny_size(cfg.model)
     if output_dir:
         check_output_dir(cfg.run.output_dir, cfg.run.name)
     if cfg.logging.wandb is not None:  # before any work: not after the warm start has trained
@@ -63,6 +73,48 @@ def check_device(device: str) -> None:
     else:
         return
     raise ConfigError(f"model.device={device!r}: no such device ({why}); allowed values: {allowed}")
+
+
+def check_cache_dir(cache_dir: str | None) -> None:
+    """`model.cache_dir` is a directory or not there yet (the warm start makes it): a file there
+    is refused now, not after the minutes of warm-start training it would be written after."""
+    if cache_dir is not None and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise ConfigError(
+            f"model.cache_dir={cache_dir!r}: a file, not a directory; set model.cache_dir to a "
+            "directory (made if missing), or leave it unset for the per-user cache"
+        )
+
+
+#: float32 bytes per parameter while training: the weights, their gradients, Adam's two
+#: moments and the engine's copy
+_TRAIN_BYTES_PER_PARAM = 5 * 4
+#: tokens beyond the tiny tokenizer's words: characters and special tokens (models/tiny.py)
+_TINY_BASE_VOCAB = 256
+
+
+def tiny_parameters(model: ModelSection) -> int:
+    """About how many parameters `model.tiny` builds (a Llama with tied embeddings)."""
+    t = model.tiny
+    vocab = _TINY_BASE_VOCAB + len(t.words)
+    per_layer = 4 * t.hidden_size**2 + 3 * t.hidden_size * t.intermediate_size + 2 * t.hidden_size
+    return vocab * t.hidden_size + t.num_layers * per_layer + t.hidden_size
+
+
+def check_tiny_size(model: ModelSection, memory: int | None = None) -> None:
+    """The tiny model trains within half of `memory` (default: this machine's RAM): a size past
+    it is one line now, not an allocation traceback or a machine out of memory."""
+    if model.name != "tiny":
+        return
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    n = tiny_parameters(model)
+    need = n * _TRAIN_BYTES_PER_PARAM
+    if need > memory // 2:
+        raise ConfigError(
+            f"model.tiny: about {n:,} parameters need about {need / 2**30:.1f} GiB to train (weights, "
+            f"gradients, Adam state, the engine's copy), over half of this machine's "
+            f"{memory / 2**30:.1f} GiB; lower model.tiny.hidden_size, num_layers or intermediate_size"
+        )
 
 
 def check_output_dir(output_dir: str, name: str) -> None:

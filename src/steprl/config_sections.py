@@ -8,6 +8,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+#: numpy's and torch's seeds are unsigned 32-bit: a larger or negative one is their traceback
+MAX_SEED = 2**32 - 1
+#: a run directory's name: most file systems take 255 bytes; the rest is room for a suffix
+MAX_RUN_NAME = 200
+
 
 class Section(BaseModel):
     """The base of every config section."""
@@ -17,9 +22,43 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
+class CrossPolicySection(Section):
+    """Cross-policy sampling (rollout/engines/snapshots.py): the engine holds `snapshots` weight
+    versions (the current one and the ones before it) and samples each turn from one of them,
+    drawn from the turn's seed: `probs[j]` for the version j behind the current one, or
+    `current_prob` for the current one and the rest split evenly. K model copies in memory."""
+
+    snapshots: int = Field(3, ge=1)
+    probs: list[float] | None = None
+    current_prob: float | None = Field(None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _probs(self) -> CrossPolicySection:
+        if self.probs is not None and self.current_prob is not None:
+            raise ValueError("give probs or current_prob, not both")
+        if self.probs is not None:
+            if len(self.probs) != self.snapshots:
+                raise ValueError(
+                    f"probs has {len(self.probs)} entries; give one per snapshot ({self.snapshots})"
+                )
+            if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-6:
+                raise ValueError(f"probs must be >= 0 and sum to 1 (got {self.probs})")
+        return self
+
+    def resolved(self) -> tuple[float, ...]:
+        """The chance of each lag 0..K-1 (default: uniform)."""
+        k = self.snapshots
+        if self.probs is not None:
+            return tuple(self.probs)
+        if self.current_prob is not None:
+            rest = (1.0 - self.current_prob) / (k - 1) if k > 1 else 0.0
+            return (self.current_prob if k > 1 else 1.0, *([rest] * (k - 1)))
+        return tuple([1.0 / k] * k)
+
+
 class RunSection(Section):
     name: str = "calculator_tiny"  # run directory is <output_dir>/<name>
-    seed: int = 0  # seeds tasks, sampling, init and shuffling
+    seed: int = Field(0, ge=0, le=MAX_SEED)  # seeds tasks, sampling, init and shuffling
     output_dir: str = "runs"
     # An existing run directory is resumed (`resume`), cleared whole (`overwrite: true`) or
     # refused: a run never mixes its files with another run's.
@@ -38,14 +77,18 @@ class RunSection(Section):
                 f"{v!r} is not a plain name (no '/', '\\', '..', not empty): the run directory is "
                 "run.output_dir/run.name; put a path in run.output_dir"
             )
+        if len(v) > MAX_RUN_NAME:  # the file system's limit is a traceback when the directory is made
+            raise ValueError(f"{len(v)} characters, over the {MAX_RUN_NAME} a run name may have; shorten it")
         return v
 
 
 class TinySection(Section):
-    hidden_size: int = Field(96, gt=0)
-    num_layers: int = Field(3, gt=0)
-    num_heads: int = Field(4, gt=0)
-    intermediate_size: int = Field(256, gt=0)
+    # bounds far above a tiny model's sizes: past them a typo allocates until the machine runs
+    # out of memory (`config_checks.check_tiny_size` holds the whole model to this machine's RAM)
+    hidden_size: int = Field(96, gt=0, le=8192)
+    num_layers: int = Field(3, gt=0, le=256)
+    num_heads: int = Field(4, gt=0, le=256)
+    intermediate_size: int = Field(256, gt=0, le=32768)
     # whole words that are one token each (a word-level tiny model; models/tiny.py), e.g. the
     # words of an env's requests and its tool names; empty: every character is a token
     words: list[str] = []
@@ -58,6 +101,18 @@ class TinySection(Section):
 
             check_words(v)
         return v
+
+    @model_validator(mode="after")
+    def _heads_divide_the_width(self) -> TinySection:
+        # caught here, not as transformers' traceback when the model is built
+        if self.hidden_size % self.num_heads:
+            fits = max(d for d in range(1, self.num_heads) if self.hidden_size % d == 0)
+            raise ValueError(
+                f"model.tiny.hidden_size, model.tiny.num_heads: hidden_size={self.hidden_size} is not a "
+                f"multiple of num_heads={self.num_heads} (each head takes an equal share); "
+                f"e.g. num_heads={fits}"
+            )
+        return self
 
     def spec_fields(self) -> dict[str, int]:
         """The model's size (`TinyModelSpec`'s fields): everything here but the tokenizer's words."""

@@ -139,6 +139,10 @@ _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 _BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
 
 
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"  # a bound of 2**32 - 1 in full, not 4.29497e+09
+
+
 def allowed_values(annotation: Any, metadata: Sequence[Any] = ()) -> str:
     """What a field of this type and these constraints takes, in words: `an integer > 0`."""
     origin, args = get_origin(annotation), get_args(annotation)
@@ -162,7 +166,9 @@ def allowed_values(annotation: Any, metadata: Sequence[Any] = ()) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "a mapping of " + ", ".join(annotation.model_fields)
     kind = _KINDS.get(annotation, "any value" if annotation is Any else str(annotation))
-    bounds = [f"{op} {getattr(m, name):g}" for m in metadata for name, op in _BOUNDS if hasattr(m, name)]
+    bounds = [
+        f"{op} {_number(getattr(m, name))}" for m in metadata for name, op in _BOUNDS if hasattr(m, name)
+    ]
     return " ".join([kind, " and ".join(bounds)]).strip()
 
 
