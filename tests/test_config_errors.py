@@ -188,6 +188,92 @@ def test_several_errors_are_one_line_each_named() -> None:
     assert "trainer.lr: Input should be a finite number" in msg
 
 
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        (
+            "run.seed=-1",
+            "run.seed: Input should be greater than or equal to 0 (got -1); "
+            "allowed values: an integer >= 0 and <= 4294967295",
+        ),
+        (f"run.seed={2**70}", "run.seed: Input should be less than or equal to 4294967295"),
+        ("run.name=" + "a" * 201, "run.name: 201 characters, over the 200 a run name may have"),
+        (
+            "model.tiny.num_heads=5",
+            "model.tiny.hidden_size, model.tiny.num_heads: hidden_size=96 is not a multiple of "
+            "num_heads=5 (each head takes an equal share); e.g. num_heads=4",
+        ),
+        (
+            "model.tiny.hidden_size=1000000",
+            "model.tiny.hidden_size: Input should be less than or equal to 8192",
+        ),
+        ("model.tiny.num_layers=100000", "model.tiny.num_layers: Input should be less than or equal to 256"),
+        (
+            "model.tiny.intermediate_size=1000000",
+            "model.tiny.intermediate_size: Input should be less than or equal to 32768",
+        ),
+        ("model.tiny.num_heads=1024", "model.tiny.num_heads: Input should be less than or equal to 256"),
+        ("rollout.group_size=1000000000", "rollout.group_size: Input should be less than or equal to 1024"),
+        (
+            "rollout.tasks_per_step=1000000000",
+            "rollout.tasks_per_step: Input should be less than or equal to 65536",
+        ),
+        ("trainer.eval_tasks=1000000000", "trainer.eval_tasks: Input should be less than or equal to 100000"),
+    ],
+)
+def test_sizes_out_of_range_are_one_line_naming_the_key_and_the_range(override: str, needle: str) -> None:
+    """The fault battery's huge and negative sizes: tracebacks, hangs and memory exhaustion before."""
+    assert needle in _error(override)
+
+
+def test_trajectories_per_step_have_a_cap() -> None:
+    msg = _error("rollout.group_size=1024", "rollout.tasks_per_step=65536")
+    assert msg.startswith(
+        "invalid config: rollout.group_size, rollout.tasks_per_step: 1024 x 65536 = 67108864 trajectories "
+        "per step, over the 262144 a step may have"
+    ), msg
+    assert (
+        load_config(None, ["rollout.group_size=4", "rollout.tasks_per_step=65536"]).derived()[
+            "trajectories_per_step"
+        ]
+        == 262144
+    )
+
+
+def test_a_tiny_model_over_half_the_memory_is_refused_before_it_is_built() -> None:
+    big = ["model.tiny.hidden_size=8192", "model.tiny.num_layers=256", "model.tiny.intermediate_size=32768"]
+    with pytest.raises(ConfigError, match=r"^model.tiny: about [0-9,]+ parameters need about [0-9.]+ GiB "):
+        check_host(load_config(None, big))
+    check_host(load_config(None, big), device=False)  # check-env builds no model
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match=r"^model.cache_dir='.*afile': a file, not a directory; "):
+        check_host(load_config(None, [f"model.cache_dir={afile}"]))
+    check_host(load_config(None, [f"model.cache_dir={tmp_path / 'new'}"]))  # made by the warm start
+
+
+def test_an_import_path_to_something_else_is_one_line_before_it_is_called() -> None:
+    """`os:system` was called with the run's arguments (a TypeError traceback at best)."""
+    from steprl.training.controllers import Controllers
+    from steprl.training.sources import make_source
+    from steprl.training.sources.check import synthetic_tasks
+
+    with pytest.raises(ConfigError) as caught:
+        make_source("os:system", lambda: synthetic_tasks(0), 0)
+    assert str(caught.value).startswith(
+        "env.source 'os:system' is a builtin_function_or_method, not a task source class"
+    )
+    with pytest.raises(ConfigError, match=r"^env.source 'os:path' is a module, not a task source class"):
+        make_source("os:path", lambda: synthetic_tasks(0), 0)
+    with pytest.raises(
+        ConfigError, match=r"^trainer.controllers 'os:system' is a builtin_function_or_method, not "
+    ):
+        Controllers.for_config(load_config(None, ["trainer.controllers=[os:system]"]))
+
+
 # --- warnings -------------------------------------------------------------------------------------
 
 
@@ -260,6 +346,7 @@ def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
         "device": [STEPRL, "train", str(ok), "--set", "model.device=cuda:99"],
         "cross_field": [STEPRL, "check-env", str(ok), "--set", "algorithm.kl_ctrl=adaptive"],
         "env_param": [STEPRL, "check-env", "calculator", "--set", "env.params.bogus=1"],
+        "seed": [STEPRL, "check-env", str(ok), "--set", "run.seed=-1"],
     }
     env = {**os.environ, "COLUMNS": "80"}  # a long message must not wrap into several lines
     procs = {
@@ -279,6 +366,7 @@ def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
         ("device", "model.device='cuda:99': no such device"),
         ("cross_field", "invalid config: algorithm.kl_ctrl, algorithm.kl_in, algorithm.kl_coef: "),
         ("env_param", "env.params: unknown key(s) bogus for env 'calculator'; allowed keys"),
+        ("seed", "invalid config: run.seed: Input should be greater than or equal to 0"),
     ],
 )
 def test_the_cli_prints_one_line_and_exits_2(

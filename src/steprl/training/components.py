@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
@@ -71,11 +71,15 @@ def load_attr(path: str, key: str) -> Any:
     return obj
 
 
-def by_name(name: str, table: Mapping[str, Any], key: str, what: str) -> Any:
+def by_name(
+    name: str, table: Mapping[str, Any], key: str, what: str, *, accept: Callable[[Any], bool], expected: str
+) -> Any:
     """`table[name]`, or what the import path `name` names (`load_attr`): the one lookup of the
     config keys that take "a name of this dict or package.module:attr of your own" (`env.source`,
     `trainer.controllers`, `algorithm.step_reward.kind`). Any other name is one line listing the
-    dict; whether an imported object is of the right kind, the caller checks (its own words)."""
+    dict. An imported object that `accept` refuses is one line too, `{key} {name!r} is <what it
+    is>, not {expected}`, before anything calls it: `os:system` is callable, and was called with
+    the run's arguments."""
     if name in table:
         return table[name]
     if ":" not in name:
@@ -83,7 +87,28 @@ def by_name(name: str, table: Mapping[str, Any], key: str, what: str) -> Any:
             f"{key}: unknown {what} {name!r}; use one of {sorted(table)} "
             "or the import path package.module:attr of your own"
         )
-    return load_attr(name, key)
+    obj = load_attr(name, key)
+    if not accept(obj):
+        raise ConfigError(f"{key} {name!r} is {describe(obj)}, not {expected}")
+    return obj
 
 
-__all__ = ["Stateful", "by_name", "component_states", "load_attr", "load_component_states"]
+def describe(obj: Any) -> str:
+    """What `obj` is, in a few words: `the class Foo`, `a builtin_function_or_method`."""
+    return f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+
+
+def class_with(*methods: str) -> Callable[[Any], bool]:
+    """A check for `by_name`'s `accept`: a class that defines each of `methods` (a protocol's)."""
+    return lambda obj: isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in methods)
+
+
+__all__ = [
+    "Stateful",
+    "by_name",
+    "class_with",
+    "component_states",
+    "describe",
+    "load_attr",
+    "load_component_states",
+]

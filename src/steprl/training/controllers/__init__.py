@@ -14,6 +14,7 @@ controller, or a `ControllerSpec` (docs/components.md).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from steprl.config import Config, ConfigError
-from steprl.training.components import Stateful, by_name
+from steprl.config import Config
+from steprl.training.components import Stateful, by_name, class_with
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
 from steprl.training.controllers.base import Adjustments, Controller, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
@@ -59,14 +60,25 @@ def _horizon(cfg: Config) -> str | None:
 def controller_spec(name: str) -> ControllerSpec:
     """The controller `name`: an entry of `CONTROLLERS`, or the import path of your own (a
     `ControllerSpec`, or a factory (cfg) -> controller, used whenever it is named)."""
-    obj = by_name(name, CONTROLLERS, "trainer.controllers", "controller")
-    if isinstance(obj, ControllerSpec):
-        return obj
-    if not callable(obj):
-        raise ConfigError(
-            f"trainer.controllers {name!r} is a {type(obj).__name__}, not a factory (cfg) -> controller"
-        )
-    return ControllerSpec(obj, lambda cfg: True)
+    obj = by_name(
+        name,
+        CONTROLLERS,
+        "trainer.controllers",
+        "controller",
+        accept=_controller_factory,
+        expected="a controller factory; name a function (cfg) -> controller, a controller class (cfg) "
+        "with current, observe, state_dict, load_state_dict, or a ControllerSpec (docs/components.md)",
+    )
+    return obj if isinstance(obj, ControllerSpec) else ControllerSpec(obj, lambda cfg: True)
+
+
+def _controller_factory(obj: object) -> bool:
+    # a function written in Python (a builtin such as os:system is callable too, and was called)
+    return (
+        isinstance(obj, ControllerSpec)
+        or inspect.isfunction(obj)
+        or class_with("current", "observe", "state_dict", "load_state_dict")(obj)
+    )
 
 
 _GATHERED = ("metrics", "events")  # gathered from every controller, not first-wins

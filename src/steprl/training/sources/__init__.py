@@ -14,7 +14,7 @@ weight in a fixed order, so a source written for one env (as `stream`) runs on s
 
 A new source is one file here plus one entry in `TASK_SOURCES`; `check_task_source`
 (`sources/check.py`) is what the tests run over every entry. A source of your own needs no
-edit here: `env.source: package.module:attr` names its factory (as `env.name` names an env).
+edit here: `env.source: package.module:attr` names its class (as `env.name` names an env).
 `env.source_params` are the factory's keyword arguments after (tasks, seed), checked against
 its signature as `algorithm.*_params` are (e.g. `difficulty`'s thresholds and pool weights).
 """
@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
 from steprl.config_values import check_params
-from steprl.training.components import Stateful, by_name
+from steprl.training.components import Stateful, by_name, class_with
 from steprl.training.sources.admission import AdmissionSource
 from steprl.training.sources.difficulty import DifficultySource
 from steprl.training.sources.learning_progress import LearningProgressSource
@@ -79,8 +79,9 @@ def make_source(
     params: Mapping[str, Any] | None = None,
 ) -> TaskSource:
     """The source `name` (`env.source`: a name in `TASK_SOURCES`, or the import path
-    `package.module:attr` of a factory) over the train splits `tasks` (a bare iterator factory
-    is one env's split), with `params` (`env.source_params`) as its keyword arguments."""
+    `package.module:attr` of a class following `TaskSource`) over the train splits `tasks` (a
+    bare iterator factory is one env's split), with `params` (`env.source_params`) as its
+    keyword arguments."""
     if not isinstance(tasks, TaskSplits):
         tasks = TaskSplits.one(tasks)
     factory = _factory(name)
@@ -95,13 +96,20 @@ def make_source(
         raise ConfigError(msg) from None
 
 
+#: what a source class of your own must define (`TaskSource`)
+_METHODS = ("next", "requeue", "observe", "state_dict", "load_state_dict")
+
+
 def _factory(name: str) -> SourceFactory:
-    obj = by_name(name, TASK_SOURCES, "env.source", "task source")
-    if not callable(obj):
-        raise ConfigError(
-            f"env.source {name!r} is a {type(obj).__name__}, not a factory (tasks, seed) -> source"
-        )
-    factory: SourceFactory = obj
+    factory: SourceFactory = by_name(
+        name,
+        TASK_SOURCES,
+        "env.source",
+        "task source",
+        accept=class_with(*_METHODS),
+        expected=f"a task source class; name a class (tasks, seed, **params) with {', '.join(_METHODS)} "
+        "(TaskSource, docs/components.md)",
+    )
     return factory
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from steprl.config import ConfigError, StepRewardSection
 from steprl.config_values import check_params
-from steprl.training.components import by_name
+from steprl.training.components import by_name, class_with
 from steprl.training.step_rewards.base import ModelContext, StepData, StepRewardModel
 from steprl.training.step_rewards.credit import DriftGuard, Scored, StepCredit
 from steprl.training.step_rewards.istar import IStar
@@ -39,14 +39,16 @@ def step_reward_class(kind: str) -> Callable[..., StepRewardModel]:
     """The kind `kind`: an entry of `STEP_REWARDS` or the import path of your own class. An
     import path to anything else (a function such as `os:system`) is one line now, not a crash
     when the run calls it with the model."""
-    obj = by_name(kind, STEP_REWARDS, "algorithm.step_reward.kind", "kind")
-    if not isinstance(obj, type) or not all(callable(getattr(obj, m, None)) for m in _METHODS):
-        got = f"the class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
-        raise ConfigError(
-            f"algorithm.step_reward.kind {kind!r} is {got}, not a step-reward class; name a class "
-            f"(ModelContext, **params) with {', '.join(_METHODS)} (StepRewardModel, docs/algorithms.md)"
-        )
-    return obj
+    cls: Callable[..., StepRewardModel] = by_name(
+        kind,
+        STEP_REWARDS,
+        "algorithm.step_reward.kind",
+        "kind",
+        accept=class_with(*_METHODS),
+        expected=f"a step-reward class; name a class (ModelContext, **params) with {', '.join(_METHODS)} "
+        "(StepRewardModel, docs/algorithms.md)",
+    )
+    return cls
 
 
 def check_config(section: StepRewardSection) -> None:
