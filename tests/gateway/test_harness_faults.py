@@ -166,8 +166,9 @@ def test_a_harness_system_prompt_the_demonstrations_lack_is_named_at_start(
     ]
     rc, out = _steprl(monkeypatch, capsys, "train", CONFIG, *_sets(*settings))
     assert rc == 0, out
-    named = [line for line in out.splitlines() if "system prompt" in line and "rollout.system_prompt" in line]
-    assert len(named) == 1 and "evaluation at step 0" in named[0], out
+    flat = " ".join(out.split())  # rich wraps long lines at the console's width
+    assert flat.count("the demonstrations do not show (rollout.system_prompt=none)") == 1, out
+    assert "WARNING evaluation at step 0: the harness sends a system prompt" in flat, out
     # the same harness with the demonstrations' system prompt set to the env's: nothing to say
     rc, out = _steprl(monkeypatch, capsys, "train", CONFIG, *_sets(*settings, "rollout.system_prompt=env"))
     assert rc == 0 and "rollout.system_prompt" not in out, out

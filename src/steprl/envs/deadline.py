@@ -191,8 +191,10 @@ class DeadlineEnv(EnvWrapper):
                 if not call.done():
                     self._hung = name
                     self._calls.abandoned(call)
-                own = call.done() and not call.cancelled() and call.exception() is not None
-                if isinstance(exc, TimeoutError) and not own:  # not a TimeoutError the env raised
+                inner = call.exception() if call.done() and not call.cancelled() else None
+                if isinstance(exc, TimeoutError) and isinstance(inner, EnvTimeout):
+                    raise inner from None  # the env's process was killed at the same deadline
+                if isinstance(exc, TimeoutError) and inner is None:  # not a TimeoutError the env raised
                     raise self._timeout(name) from None
                 raise
         if inspect.isawaitable(result):  # an async method, or a sync one that returned an awaitable
