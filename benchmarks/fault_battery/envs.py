@@ -16,7 +16,7 @@ QUICK = ("runtime.env_call_timeout_s=2", "runtime.failure_budget=1.0", "trainer.
 
 def _train_env(ctx: Ctx, env: str, *extra: str, deadline: float = 150) -> Verdict:
     sets = [f"env.name={env}", *QUICK, *extra]
-    run = ctx.train(sets, deadline=deadline, plugin_path=[HERE], extra_args=PLUGIN)
+    run = ctx.train(sets, deadline=deadline, plugin_path=[HERE / "plugins"], extra_args=PLUGIN)
     return judge(run, (0, 1, 2))
 
 

@@ -15,7 +15,7 @@ BIDI = ("\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\
 
 def _report_of(ctx: Ctx, kind: str) -> tuple[Verdict | None, bytes]:
     sets = ["env.name=text_env", f"env.params={{kind: {kind}}}", "rollout.max_tokens_per_turn=4"]
-    run = ctx.train(sets, deadline=300, plugin_path=[HERE], extra_args=PLUGIN, mem_cap_mb=4096)
+    run = ctx.train(sets, deadline=300, plugin_path=[HERE / "plugins"], extra_args=PLUGIN, mem_cap_mb=4096)
     page = ctx.tmp / "runs" / NAME / "report.html"
     if run.rc != 0 or not page.is_file():
         return judge(run, (0,), why="no report.html: "), b""

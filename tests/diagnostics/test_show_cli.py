@@ -101,3 +101,16 @@ def test_steprl_show(run_dir, monkeypatch):
     ):
         rc, out = run_steprl(["show", *args], ROOT)
         assert_one_line(rc, out, *needles)
+
+
+def test_a_truncated_step_file_is_one_line(run_dir, tmp_path):
+    """A step file cut short (a run killed while writing it; found by the fault battery): an
+    ArrowInvalid traceback before, one line naming the file and the steps that can be read now."""
+    import shutil
+
+    copy = tmp_path / "r"
+    shutil.copytree(run_dir, copy)
+    last = copy / "trajectories" / "step_000002.parquet"
+    last.write_bytes(last.read_bytes()[:100])
+    rc, out = run_steprl(["show", str(copy)], ROOT)
+    assert_one_line(rc, out, "step_000002.parquet cannot be read", "other saved steps: 1")

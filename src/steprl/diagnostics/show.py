@@ -32,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from steprl.diagnostics.metrics import is_success
-from steprl.diagnostics.sinks import read_metrics_jsonl, read_trajectories
+from steprl.diagnostics.sinks import read_metrics_jsonl, read_trajectories, readable_parquet
 from steprl.errors import UserError
 from steprl.types import NOT_TRAINABLE, EndReason, Trajectory
 
@@ -51,6 +51,15 @@ def show_run(
         step = steps[-1]
     elif step not in steps:
         raise UserError(f"{directory} has no step {step}; saved steps: {compact(steps)}")
+    damaged = readable_parquet(directory / f"step_{step:06d}.parquet")
+    if (
+        damaged is not None
+    ):  # a run killed while writing it, or a damaged disk: one line, not Arrow's traceback
+        others = [s for s in steps if s != step]
+        raise UserError(
+            f"{directory / f'step_{step:06d}.parquet'} cannot be read ({damaged}); "
+            f"other saved steps: {compact(others) if others else 'none'} (--step N)"
+        )
     rows = read_trajectories(directory / f"step_{step:06d}.parquet").to_pylist()
     what = "evaluation" if evaluated else "step"
     if task is None:

@@ -1,6 +1,7 @@
 """Envs that misbehave, for the battery's envs and report probes, loaded by the `steprl` commands
-with ``--plugin hostile_envs`` (this directory on PYTHONPATH; importing registers them). Each
-answers "ok" right and anything else wrong in one turn, like tests/hosting/hang_envs.py, with
+with ``--plugin hostile_envs`` (this folder, plugins/, on PYTHONPATH: not fault_battery/, whose
+http.py would shadow the standard library; importing registers them). Each answers "ok" right
+and anything else wrong in one turn, like tests/hosting/hang_envs.py, with
 one fault:
 
 * ``close_blocks``: `close()` sleeps an hour (a sync env whose cleanup hangs).
