@@ -21,9 +21,9 @@ reward, and the recorded calls become the trajectory that trains.
 `tasks` names any env (`env.name` forms: a built-in, a family, an import path): its task
 generator gives the harness its tasks (each with `Task.env` harness), its factory and strategies
 serve the SFT warm start's demonstrations and `check-env`, exactly as that env would; the warm
-start is keyed on them, not on `run` or `timeout_s` (renaming the harness function keeps it). A harness that raises ends its
-episode `infra_failed` (counted, never trained on) with the error; one the gateway refused a
-call (the turn or token budget of `rollout`) ends `truncated`.
+start is keyed on them, not on `run` or `timeout_s` (renaming the harness function keeps it).
+A harness that raises ends its episode `infra_failed` (counted, never trained on) with the
+error; one the gateway refused a call (the turn or token budget of `rollout`) ends `truncated`.
 """
 
 from __future__ import annotations
