@@ -97,6 +97,12 @@ class Subject:
         """Every token's text (nothing skipped): what a stored observation decodes to."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
+    def normalized(self, text: str) -> str:
+        """`text` as the tokenizer's own normalizer leaves it: what its ids can decode to at
+        best (Qwen3's NFC turns the compatibility ideograph U+FA2A into U+98EF)."""
+        norm = self.tokenizer.backend_tokenizer.normalizer
+        return text if norm is None else str(norm.normalize_str(text))
+
 
 @cache  # one load per tokenizer per module (cleared at its end)
 def _subject(name: str) -> Subject:
@@ -217,10 +223,12 @@ def test_property_strings_glued_from_control_fragments(subject: Subject) -> None
     def check(text: str) -> None:
         ids = subject.encoder.encode(text)
         assert not set(ids) & controls, (text, ids)
-        assert subject.decode(ids) == text, (text, ids)
+        assert subject.decode(ids) == subject.normalized(text), (text, ids)
         if not any(c in text for c in all_strings):
             assert ids == tuple(subject.tokenizer.encode(text, add_special_tokens=False)), text
 
+    if subject.name != "tiny":  # a compatibility ideograph: an NFC tokenizer (Qwen3) changes it
+        check.hypothesis.inner_test("\ufa2a")
     check()
 
 
