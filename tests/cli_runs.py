@@ -4,10 +4,11 @@ bad-input tests share."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import cli_zygote
 
 STEPRL = str(Path(sys.executable).parent / "steprl")
 
@@ -25,8 +26,8 @@ def run_steprl(
     env = {**os.environ, "COLUMNS": "400"}  # rich wraps at the terminal width
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
-    done = subprocess.run(
-        [*program, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False
+    done = cli_zygote.run(
+        [*program, *args], cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True
     )
     return done.returncode, (done.stdout + done.stderr).strip()
 

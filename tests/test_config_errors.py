@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import cli_zygote
 from steprl.config import ConfigError, load_config
 from steprl.config_checks import check_device, check_host, check_output_dir, config_warnings
 from steprl.envs.registry import EnvParamsError, UnknownEnvError
@@ -350,7 +351,7 @@ def cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
     }
     env = {**os.environ, "COLUMNS": "80"}  # a long message must not wrap into several lines
     procs = {
-        name: subprocess.Popen(
+        name: cli_zygote.popen(
             argv, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         for name, argv in cases.items()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import cli_zygote
 from cli_runs import STEPRL, assert_one_line
 from steprl.config import load_config
 
@@ -46,7 +47,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]
     }
     env = {**os.environ, "COLUMNS": "400"}
     procs = {
-        name: subprocess.Popen(
+        name: cli_zygote.popen(
             [STEPRL, *argv], cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         for name, argv in cases.items()

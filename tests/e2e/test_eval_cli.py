@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import cli_zygote
 from cli_runs import STEPRL, assert_one_line
 from steprl.config import dump_config
 from steprl.models import tiny
@@ -62,7 +63,7 @@ def evals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]
     }
     env = {**os.environ, "COLUMNS": "400"}
     procs = {
-        name: subprocess.Popen(
+        name: cli_zygote.popen(
             [STEPRL, "eval", *argv],
             cwd=tmp,
             env=env,

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import cli_zygote
 from gemma_cache import converted_gemma
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_gemma_calculator_one_step(tmp_path: Path) -> None:
     sets = [
         a for k, v in {**TINY_SHAPE, "run.output_dir": str(tmp_path)}.items() for a in ("--set", f"{k}={v}")
     ]
-    done = subprocess.run(
+    done = cli_zygote.run(
         [STEPRL, "train", str(ROOT / "configs/gemma_calculator.yaml"), *sets],
         cwd=ROOT,
         capture_output=True,

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+import cli_zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 SQLITE = ROOT / ".venv-mcp-sqlite" / "bin" / "mcp-server-sqlite"
@@ -65,7 +66,7 @@ def _config(tmp_path: Path, db_path: str) -> Path:
 
 
 def _check_env(config: Path) -> tuple[int, str]:
-    done = subprocess.run(
+    done = cli_zygote.run(
         [STEPRL, "check-env", str(config), "--tasks", "6"],
         capture_output=True,
         text=True,

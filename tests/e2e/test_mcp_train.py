@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+import cli_zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -57,7 +58,7 @@ def test_mcp_time_trains_from_yaml_with_reuse_and_no_orphans(tmp_path: Path) -> 
     path = tmp_path / "mcp_time.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
-    done = subprocess.run(
+    done = cli_zygote.run(
         [str(BIN / "steprl"), "train", str(path)],
         cwd=tmp_path,
         capture_output=True,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+import cli_zygote
 from steprl.envs.check import check_spec
 from steprl.envs.registry import get_spec
 from steprl.envs.sandbox import probe_capabilities
@@ -240,7 +240,7 @@ tools:
 def test_a_new_domain_synthesizes_and_checks_from_the_plain_cli(tmp_path: Path) -> None:
     (tmp_path / "library.yaml").write_text(LIBRARY)
     steprl = [sys.executable, "-c", "from steprl.cli import main; main()"]
-    made = subprocess.run(
+    made = cli_zygote.run(
         [*steprl, "synth", "library.yaml", "-o", "lib_env"], cwd=tmp_path, capture_output=True, text=True
     )
     assert made.returncode == 0, made.stderr + made.stdout
@@ -249,7 +249,7 @@ def test_a_new_domain_synthesizes_and_checks_from_the_plain_cli(tmp_path: Path) 
     check_spec(spec, n_tasks=5, env_params={"path": str(tmp_path / "lib_env")})
     bad = tmp_path / "bad.yaml"
     bad.write_text(LIBRARY.replace("reads: [books.copies]", "reads: [books.colour]"))
-    refused = subprocess.run(
+    refused = cli_zygote.run(
         [*steprl, "synth", "bad.yaml", "-o", "x"], cwd=tmp_path, capture_output=True, text=True
     )
     assert (
@@ -532,7 +532,7 @@ def test_an_mcp_servers_tool_list_synthesizes_into_a_self_contained_package(tmp_
     spec_text = CLINIC.replace("PYTHON", sys.executable).replace("SERVER", str(server))
     (tmp_path / "clinic.yaml").write_text(spec_text)
     steprl = [sys.executable, "-c", "from steprl.cli import main; main()"]
-    made = subprocess.run(
+    made = cli_zygote.run(
         [*steprl, "synth", "clinic.yaml", "-o", "clinic_env"], cwd=tmp_path, capture_output=True, text=True
     )
     assert made.returncode == 0, made.stderr + made.stdout
@@ -558,7 +558,7 @@ def test_an_mcp_servers_tool_list_synthesizes_into_a_self_contained_package(tmp_
         ),
     ):
         (tmp_path / "bad.yaml").write_text(bad)
-        refused = subprocess.run(
+        refused = cli_zygote.run(
             [*steprl, "synth", "bad.yaml", "-o", "x"], cwd=tmp_path, capture_output=True, text=True
         )
         assert refused.returncode == 2 and says in refused.stdout, refused.stdout + refused.stderr

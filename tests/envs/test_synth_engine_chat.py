@@ -4,13 +4,13 @@ a Hugging Face directory (random weights: what an untrained or confused LLM says
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+import cli_zygote
 from steprl.envs.registry import get_spec
 from steprl.envs.synth import SynthSpecError
 
@@ -116,7 +116,7 @@ def test_an_engine_writer_from_the_plain_cli(model_dir: Path, tmp_path: Path) ->
         (["--writer-engine", "hf"], "--writer-model goes with either --writer-url"),
         (["--writer-engine", "tpu", "--writer-model", "m"], "--writer-engine: one of hf, vllm, got 'tpu'"),
     ):
-        done = subprocess.run([*steprl, *flags], cwd=tmp_path, capture_output=True, text=True)
+        done = cli_zygote.run([*steprl, *flags], cwd=tmp_path, capture_output=True, text=True)
         assert done.returncode == 2 and says in done.stdout, done.stdout + done.stderr
         assert done.stdout.strip().count("\n") == 0
     assert not (tmp_path / "out").exists()

@@ -17,6 +17,7 @@ import pytest
 import torch
 import uvicorn
 
+import cli_zygote
 from steprl.gateway.app import make_app
 from steprl.gateway.policy_gateway import Gateway
 from steprl.hosting.local_server import free_port
@@ -184,7 +185,7 @@ def test_serve_policy_serves_a_configs_model_from_the_cli() -> None:
     port = free_port()
     env = {**os.environ, "STEPRL_GATEWAY_TOKEN": TOKEN}
     args = ["--set", "model.name=qwen3-testbed", "--set", "model.init=pretrained", "--port", str(port)]
-    proc = subprocess.Popen(
+    proc = cli_zygote.popen(
         [*steprl, config, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:

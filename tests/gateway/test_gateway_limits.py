@@ -30,6 +30,7 @@ import pytest
 import torch
 import uvicorn
 
+import cli_zygote
 from steprl.gateway.app import make_app
 from steprl.gateway.policy_gateway import Gateway
 from steprl.hosting.local_server import free_port
@@ -61,7 +62,7 @@ def served() -> Iterator[Served]:
     for o in overrides:
         command += ["--set", o]
     env = {**os.environ, "STEPRL_GATEWAY_TOKEN": TOKEN}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = cli_zygote.popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 240  # imports and the model: seconds, more on a busy machine
     while True:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+import cli_zygote
 from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import ENVS, make_tasks
@@ -74,7 +75,7 @@ def hang_envs():
 def _steprl(args: Sequence[str], *, timeout: float = 120) -> subprocess.Popen[str]:
     """`steprl *args` with the test envs importable (`--plugin hang_envs`), output to a pipe."""
     env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": str(Path(__file__).parent)}
-    return subprocess.Popen(
+    return cli_zygote.popen(
         [STEPRL, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+import cli_zygote
 from gemma_cache import converted_gemma
 from steprl import cli
 from steprl.models import qwen3_testbed
@@ -260,7 +260,7 @@ def test_cli_pinpoints_a_template_whose_every_render_differs(
 
 # ---- the real entry point and Gemma (slow) ------------------------------------------------------
 def _run(*args: str) -> tuple[int, str]:
-    done = subprocess.run(
+    done = cli_zygote.run(
         [STEPRL, *args],
         cwd=REPO,
         capture_output=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import cli_zygote
 from steprl.config import dump_config
 from steprl.diagnostics import read_trajectories
 from steprl.training.trainer import train
@@ -75,7 +76,7 @@ def test_staleness_2_stays_bounded_and_trains_every_task_once(tmp_path, runtime)
 def _launch(cfg_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from steprl.cli import main; main()", "train", str(cfg_path), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return cli_zygote.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 @pytest.mark.slow

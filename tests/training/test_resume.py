@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import cli_zygote
 from steprl.config import ConfigError, dump_config
 from steprl.diagnostics import read_trajectories
 from steprl.training.resume import check_config_change
@@ -91,47 +92,44 @@ HEALTH_RULES = (
     " cooldown: 0, budget: 9}, {name: undo, when: [{signal: approx_kl, above: -1}], actions: [rollback],"
     " cooldown: 1, budget: 9}]"
 )
+#: every part of a run with state, in two runs besides the default (one run each took 11 s)
 VARIANTS = {
     "default demo (grpo)": [],
-    "separate critic (gae)": [
+    "critic, mixture, adaptive kl, curriculum": [
+        # a separate critic: its weights and optimizer
         "algorithm.advantage=gae",
         "algorithm.advantage_params={}",
         "algorithm.critic=separate",
-    ],
-    # two run components with state: the mixture source (cursor, per-env cursors) and the
-    # adaptive KL controller (its coefficient)
-    "two-env mixture, kl in reward, adaptive": [
+        # two run components with state: the mixture source (cursor, per-env cursors) and the
+        # adaptive KL controller (its coefficient)
         f"env.mix={MIXTURE}",
         "algorithm.kl_coef=0.05",
         "algorithm.kl_in=reward",
         "algorithm.kl_ctrl=adaptive",
         "algorithm.kl_target=0.01",
-    ],
-    "lora": ["model.lora={r: 4, target_modules: [q_proj, v_proj]}"],
-    # the engine's older weight versions are in the checkpoint (no resume could rebuild them)
-    "cross-policy snapshots": [
-        "algorithm.policy_loss=decoupled_ppo",
-        "algorithm.loss_params={}",
-        "rollout.cross_policy={snapshots: 3, probs: [0.4, 0.3, 0.3]}",
-    ],
-    # the difficulty source's pools (tasks filed by reward, re-served after the checkpoint)
-    "difficulty pools": ["env.source=difficulty", "env.source_params={hard: 0.2, weights: {easy: 0.5}}"],
-    # a horizon curriculum killed mid-stage (caps 2, 3, 4, 4), cap-cut episodes masked
-    "horizon stepwise": [
+        # a horizon curriculum killed mid-stage (caps 2, 3, 4, 4), cap-cut episodes masked
         "trainer.curriculum.rounds=[2,3,4]",
         "trainer.curriculum.stage_steps=1",
         "rollout.cap_truncation=mask",
     ],
-    # health rules that fire and act at every step: the metrics window, streaks, cooldowns,
-    # budgets and levers (the lr scale), the rollback ring and the MI probe all cross the kill
-    "health rules acting": [
+    "lora, cross-policy, difficulty pools, step reward, health": [
+        "model.lora={r: 4, target_modules: [q_proj, v_proj]}",
+        # the engine's older weight versions are in the checkpoint (no resume could rebuild them)
+        "algorithm.policy_loss=decoupled_ppo",
+        "algorithm.loss_params={}",
+        "rollout.cross_policy={snapshots: 3, probs: [0.4, 0.3, 0.3]}",
+        # the difficulty source's pools (tasks filed by reward, re-served after the checkpoint)
+        "env.source=difficulty",
+        "env.source_params={hard: 0.2, weights: {easy: 0.5}}",
+        # a step-reward model with its own weights and optimizer, its weight alpha and guard streak
+        "algorithm.step_reward={kind: istar, weight: 0.5}",
+        # health rules that fire and act at every step: the metrics window, streaks, cooldowns,
+        # budgets and levers (the lr scale), the rollback ring and the MI probe all cross the kill
         f"health.rules={HEALTH_RULES}",
         "health.mi_every=1",
         "health.mi_prompts=2",
         "health.mi_samples=2",
     ],
-    # a step-reward model with its own weights and optimizer, its weight alpha and guard streak
-    "step reward istar": ["algorithm.step_reward={kind: istar, weight: 0.5}"],
 }
 
 
@@ -223,7 +221,7 @@ def test_ckpt06_a_changed_config_is_refused_unless_allowed(tmp_path, cache_dir):
 def _launch(cfg_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-c", "from steprl.cli import main; main()", "train", str(cfg_path), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return cli_zygote.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240.0) -> None:
@@ -286,7 +284,7 @@ def test_sigint_finishes_the_step_saves_and_says_how_to_resume(tmp_path, cache_d
     # a changed config would be refused, CKPT-06)
     command = shlex.split(last.split("resume with: ")[1])
     assert command[:2] == ["steprl", "train"], last
-    resumed = subprocess.Popen(
+    resumed = cli_zygote.popen(
         [sys.executable, "-c", "from steprl.cli import main; main()", *command[1:]],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import cli_zygote
 from cli_runs import ROOT, STEPRL, TINY_SCRATCH, assert_one_line, run_steprl, train_hang_env
 
 pytestmark = pytest.mark.e2e
@@ -50,7 +51,7 @@ def _start(output_dir: Path, log: Path, *sets: str) -> subprocess.Popen[bytes]:
     args = ["train", "configs/calculator_tiny.yaml", "--plugin", "hang_envs"]
     env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": str(ROOT / "tests" / "hosting")}
     with log.open("wb") as out:
-        return subprocess.Popen(
+        return cli_zygote.popen(
             [STEPRL, *args, *[x for s in settings for x in ("--set", s)]],
             cwd=ROOT,
             env=env,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import cli_zygote
 from cli_runs import STEPRL
 from steprl.models.sources import cache_root
 from tiny_runs import SMALL
@@ -43,7 +44,7 @@ FAST = ["model.sft.skill_steps=2", "model.sft.steps=0", "model.sft.num_episodes=
 def _sft(work: Path, cache: Path, *extra: str) -> subprocess.Popen[str]:
     """`steprl sft` on the plugin env in `work` (its module), the warm start cached in `cache`."""
     overrides = [*SMALL, *FAST, "env.name=mycalc:SPEC", *extra]
-    return subprocess.Popen(
+    return cli_zygote.popen(
         [
             STEPRL,
             "sft",
