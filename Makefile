@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # test processes (pytest-xdist): a file's tests stay in one process, so its fixtures are built once
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint typecheck bench bench-venv vs-peers clean venv vllm-venv
+.PHONY: demo test soak lint typecheck bench bench-venv vs-peers clean venv vllm-venv
 
 venv: $(STAMP)
 
@@ -68,7 +68,12 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 -m "not soak"
+
+# What `make test` leaves out (pyproject.toml's `soak` marker): the long soaks, and the tests that
+# need the vLLM venv (built here first) or the Gemma conversion (made on first use, once).
+soak: $(STAMP) vllm-venv
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 -m soak
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rollout_vs_learner.py

@@ -8,9 +8,9 @@ environment, stdin/stdout/stderr, exit code, signals and atexit handlers are the
 
 What a fork cannot give is a fresh import, so a command runs as a real subprocess instead when
 its environment differs from the server's in anything read at import time (only PYTHONPATH,
-COLUMNS/LINES, PYTHONUNBUFFERED and STEPRL_*/WANDB_*/RAY_*/PYTEST_* may differ), when it is not `steprl`, or with
-STEPRL_TEST_FORK=0. Tests of import-time behaviour (extras, `python -m`) call subprocess
-themselves.
+PYTHONUNBUFFERED, COLUMNS/LINES and STEPRL_*/WANDB_*/RAY_*/PYTEST_* may differ), when it is not
+`steprl`, or with STEPRL_TEST_FORK=0. Tests of import-time behaviour (extras, `python -m`) call
+subprocess themselves.
 """
 
 from __future__ import annotations
@@ -154,10 +154,21 @@ _server: _Server | None = None
 _lock = threading.Lock()
 
 
+def _same(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Whether a process started with environment `a` imports as one started with `b` would."""
+    for key in set(a) | set(b):
+        differs = a.get(key) != b.get(key)
+        if differs and key not in _MAY_DIFFER and not key.startswith(_MAY_DIFFER_PREFIX):
+            return False
+    return True
+
+
 def _get_server() -> _Server:
+    """The server, started again when it died or when this process's environment changed in
+    something an import may read (an in-process run sets CUBLAS_WORKSPACE_CONFIG, for one)."""
     global _server
     with _lock:
-        if _server is None or not _server.alive():
+        if _server is None or not _server.alive() or not _same(os.environ, _server.env):
             if _server is not None:
                 _server.close()
             _server = _Server()
@@ -176,15 +187,10 @@ def _steprl_args(args: Sequence[str]) -> list[str] | None:
 
 
 def _forkable(args: Sequence[str], env: Mapping[str, str] | None) -> bool:
+    """A `steprl` command whose environment imports as this process's (the server's) would."""
     if os.environ.get("STEPRL_TEST_FORK", "1") == "0" or _steprl_args(args) is None:
         return False
-    server_env = {**os.environ, "COLUMNS": "400"} if _server is None else _server.env
-    env = os.environ if env is None else env
-    for key in set(env) | set(server_env):
-        differs = env.get(key) != server_env.get(key)
-        if differs and key not in _MAY_DIFFER and not key.startswith(_MAY_DIFFER_PREFIX):
-            return False
-    return True
+    return env is None or _same(env, os.environ)
 
 
 class Forked:

@@ -24,14 +24,17 @@ TESTS = Path(__file__).resolve().parent
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The whole suite (`make test`) needs the Gemma conversion (about a minute, once per
-    checkout, `gemma_cache.py`): start it in the background with the run, so that no test
-    process sits blocked on its lock while the conversion runs in another; the tests that need
-    it still wait on the lock, and whichever gets there first makes it if this has not."""
+    """The whole suite with its `soak` tests (plain `pytest`, `make soak`) needs the Gemma
+    conversion (about a minute, once per checkout, `gemma_cache.py`) and the vLLM venv: start
+    them in the background with the run, so that no test process sits blocked on a lock while
+    another builds; the tests that need them still wait on the lock, and whichever gets there
+    first makes it if this has not. `make test` (-m "not soak") needs neither."""
     config = session.config
     whole = not config.args or [Path(a).resolve() for a in config.args] == [TESTS]
     if hasattr(config, "workerinput") or not whole or config.option.collectonly:
         return  # an xdist worker (the controller starts it), or only some tests
+    if "not soak" in (config.option.markexpr or ""):
+        return  # `make test`: the tests that need them are `soak` tests
     # the vLLM venv (`make vllm-venv`, minutes of pip) is built alongside the suite, not before it
     config.stash[_VLLM] = subprocess.Popen(
         [sys.executable, "-c", "import vllm_venv; vllm_venv.vllm_python()"],

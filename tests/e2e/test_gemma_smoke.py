@@ -21,7 +21,7 @@ from gemma_cache import converted_gemma
 ROOT = Path(__file__).resolve().parents[2]
 STEPRL = str(Path(sys.executable).parent / "steprl")
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 TINY_SHAPE = {
     "model.cache_dir": str(ROOT / ".cache/steprl"),  # one conversion per checkout

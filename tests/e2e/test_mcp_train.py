@@ -23,7 +23,7 @@ import cli_zygote
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 
 def _alive(pid: int) -> bool:

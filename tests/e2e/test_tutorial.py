@@ -22,7 +22,7 @@ import pytest
 DOC = Path(__file__).resolve().parents[2] / "docs" / "your-own-env.md"
 _BLOCK = re.compile(r"<!-- (file: (?P<path>\S+)|run) -->\n```\w*\n(?P<body>.*?)```", re.S)
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.soak, pytest.mark.e2e]
 
 
 def blocks() -> list[tuple[str | None, str]]:

@@ -542,6 +542,7 @@ def test_sbx_11_kill_minus_one_cannot_reach_the_host_or_other_sandboxes() -> Non
 # --- SBX-12 ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.soak
 @needs("bwrap", "user_namespace", "pid_namespace", "per_run_uid")
 def test_sbx_12_many_timeouts_leave_no_zombies_fds_or_memory() -> None:
     n = int(os.environ.get("STEPRL_SBX_SOAK", "300"))

@@ -201,7 +201,7 @@ def _render(tokenizer, conversation, **kw):
     )
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_gemma_converts_once_and_reloads_fast():
     lines: list[str] = []
     t0 = time.perf_counter()

@@ -282,7 +282,7 @@ def test_entry_point_exit_codes(tmp_path: Path) -> None:
     assert code == 2 and len(out.splitlines()) == 1 and "bad JSON" in out, out
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # needs the Gemma conversion
 def test_entry_point_gemma_passes() -> None:
     converted_gemma()  # the command finds it in the checkout's cache
     code, out = _run("check-template", "gemma-3-270m")

@@ -131,7 +131,7 @@ def _free_tokenizers() -> Iterator[None]:
 
 @pytest.fixture(
     scope="module",
-    params=["tiny", "qwen3", pytest.param("gemma", marks=pytest.mark.slow)],
+    params=["tiny", "qwen3", pytest.param("gemma", marks=pytest.mark.soak)],
 )
 def subject(request: pytest.FixtureRequest) -> Subject:
     return _subject(request.param)
@@ -265,20 +265,20 @@ def gemma() -> Subject:
     return _subject("gemma")
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_gemma_blank_lines_and_html_keep_canonical_ids(gemma: Subject) -> None:
     for text in ("para one.\n\npara two", "<table><td>x</td></table>"):
         assert gemma.encoder.encode(text) == tuple(gemma.tokenizer.encode(text, add_special_tokens=False))
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_gemma_long_whitespace_runs_encode(gemma: Subject) -> None:
     for text in ("x" + "\n" * 9 + "y", "\t" * 12 + "deeply indented", "\n" * 40):
         ids = gemma.encoder.encode(text)
         assert gemma.decode(ids) == text
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.xfail(
     strict=True,
     reason="GAP (tokenizer): Gemma's SentencePiece decoder turns U+2581 '▁' in env text into a "

@@ -27,6 +27,9 @@ from steprl.training.batching import token_logprobs
 from steprl.training.lora import adapter_update, apply_lora
 from vllm_venv import vllm_python
 
+#: vLLM runs from a venv of its own, built on first use (minutes): `make soak` runs these
+pytestmark = pytest.mark.soak
+
 SHAPE = tiny.TinyModelSpec(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)  # head_dim 32
 
 

@@ -58,7 +58,9 @@ def _exactly_once(run_dir: Path, final_step: int) -> None:
 RAY_WORKERS = ["runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1"]
 
 
-@pytest.mark.parametrize("runtime", [[], RAY_WORKERS], ids=["in-process", "ray-rollout-worker"])
+@pytest.mark.parametrize(
+    "runtime", [[], pytest.param(RAY_WORKERS, marks=pytest.mark.soak)], ids=["in-process", "ray-rollout-worker"]
+)
 def test_staleness_2_stays_bounded_and_trains_every_task_once(tmp_path, runtime):
     extra = [*SLOW_ENV, "rollout.max_staleness=2", "trainer.total_steps=5", "trainer.eval_every=0"]
     result = train(small_config(tmp_path, "async", [*extra, *runtime]), log=lambda s: None)

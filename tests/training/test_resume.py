@@ -232,7 +232,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240.0) -> Non
         time.sleep(0.05)
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_sigkill_at_a_random_moment_loses_no_finished_step_and_resume_is_exact(tmp_path, cache_dir):
     steps = 6
     extra = [f"trainer.total_steps={steps}", "trainer.eval_every=3", "trainer.checkpoint_every=1"]
