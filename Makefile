@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.installed
-# test processes (pytest-xdist): a file's tests stay in one process, so its fixtures are built once
-TEST_WORKERS ?= 2
+# test processes (pytest-xdist): a file's tests stay in one process, so its fixtures are built once;
+# three on two cores, as many tests wait on deadlines, servers and subprocesses (1.65 cores busy)
+TEST_WORKERS ?= 3
 
 .PHONY: demo test soak lint typecheck bench bench-venv vs-peers clean venv vllm-venv
 
