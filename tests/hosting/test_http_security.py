@@ -467,12 +467,19 @@ def test_http08_bad_bodies_are_structured_422s_and_env_bugs_never_leak_traceback
             (step, b'{"action": "x", "seq": 0}'),  # seq starts at 1
             (step, b'{"action": null, "seq": 1}'),
             (f"/v1/envs/{instance_id}/reset", b'{"task": {"id": "t"}, "seed": 0}'),
+            # issue 44 item 11: a lone surrogate (valid JSON, not Unicode) was a 500 and a traceback
+            (step, b'{"action": "4 \\ud800", "seq": 1}'),
+            (
+                f"/v1/envs/{instance_id}/reset",
+                b'{"task": {"id": "t", "prompt": "2+2? \\ud800", "env": "fault_count"}, "seed": 0}',
+            ),
         ]
         for path, body in bad:
             r = c.post(path, content=body, headers={"content-type": "application/json"})
             assert r.status_code == 422, (path, body, r.text)
             assert r.json()["error"]["type"] == "validation_error"
             assert "Traceback" not in r.text and 'File "' not in r.text
+            assert b"ud800" not in body or "lone surrogate" in r.json()["error"]["message"], r.text
         raising = _create(c, "fault_raise")
         c.post(f"/v1/envs/{raising}/reset", json=reset)
         r = c.post(f"/v1/envs/{raising}/step", json={"action": "x", "seq": 1})

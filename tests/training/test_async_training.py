@@ -59,7 +59,9 @@ RAY_WORKERS = ["runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_
 
 
 @pytest.mark.parametrize(
-    "runtime", [[], pytest.param(RAY_WORKERS, marks=pytest.mark.soak)], ids=["in-process", "ray-rollout-worker"]
+    "runtime",
+    [[], pytest.param(RAY_WORKERS, marks=pytest.mark.soak)],
+    ids=["in-process", "ray-rollout-worker"],
 )
 def test_staleness_2_stays_bounded_and_trains_every_task_once(tmp_path, runtime):
     extra = [*SLOW_ENV, "rollout.max_staleness=2", "trainer.total_steps=5", "trainer.eval_every=0"]

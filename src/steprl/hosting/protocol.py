@@ -32,9 +32,10 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from steprl.envs.base import Env, Observation, ToolInfo, Transition, tool_infos
+from steprl.envs.contract import text_problem
 from steprl.types import Task
 
 #: The environment variables of the server launch contract, read by both sides: the bearer token
@@ -45,8 +46,33 @@ PARENT_VAR = "STEPRL_ENV_SERVER_PARENT"
 _MAX_DEPTH = 32  # deeper info structures are cut (an env bug, not worth a failed episode)
 
 
+def _lone_surrogate(value: Any, depth: int = 0) -> str | None:
+    """The message for the first string in `value` (keys included) that is not valid Unicode."""
+    if isinstance(value, str):
+        problem = text_problem("a string", value)
+        return None if problem is None else problem.message.split(";")[0]
+    if depth < _MAX_DEPTH and isinstance(value, dict):
+        return next(
+            (m for k, v in value.items() for m in (_lone_surrogate(k), _lone_surrogate(v, depth + 1)) if m),
+            None,
+        )
+    if depth < _MAX_DEPTH and isinstance(value, list | tuple):
+        return next((m for v in value if (m := _lone_surrogate(v, depth + 1))), None)
+    return None
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        # JSON's "\ud800" escape parses to a lone surrogate that no env, tokenizer or reply
+        # can encode: a 422 naming it, not a 500 when the answer fails to serialize
+        message = _lone_surrogate(value)
+        if message is not None:
+            raise ValueError(f"{message}; send valid UTF-16 surrogate pairs")
+        return value
 
 
 class CreateRequest(_Wire):
