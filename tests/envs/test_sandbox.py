@@ -783,6 +783,7 @@ def test_sbx_18_a_host_without_user_namespaces_is_reported_with_the_fix() -> Non
 # --- SBX-19 ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.soak  # a wall-clock bound: tests check correctness; benchmarks/sandbox_overhead.py measures it
 @SANDBOXED
 def test_sbx_19_overhead_over_bare_python_is_under_50_ms(sb: Sandbox) -> None:
     # Paired and interleaved, so background load hits both sides alike; on a shared 2-core host
