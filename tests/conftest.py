@@ -9,10 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One thread per process, for the test processes and every process they start (commands, servers,
+# Ray workers inherit it): three test processes share two cores, and torch's OpenMP threads
+# spin-wait, so two each made the same tests take 2-4x the CPU (a tiny model gains nothing from a
+# second thread). Set before torch is imported.
+os.environ["OMP_NUM_THREADS"] = "1"
 
-from steprl.models import tiny
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from steprl.models import tiny  # noqa: E402
+
+torch.set_num_threads(1)
 
 # One warm-start cache for the whole suite and every command it starts: the checkout's own
 # .cache/steprl (kept between sessions, made on first use in a fresh clone), never the user's

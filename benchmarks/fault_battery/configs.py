@@ -8,13 +8,14 @@ hang, memory, or a payload run on the host."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .common import TINY, TINY_CONFIG, Ctx, Outcome, Probe, Verdict, judge
+from .common import TINY, TINY_CONFIG, Ctx, Outcome, Probe, Verdict, defect, judge
 from .synth import BOMB
 
 Change = tuple[str, Any]  # a dotted key and its new value (DELETE: removed)
@@ -44,7 +45,8 @@ def _put(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _train(ctx: Ctx, config: Path) -> Verdict:
-    run = ctx.steprl(["train", str(config)], deadline=150, mem_cap_mb=2048)
+    # 300 s: a deleted model section is the default model, a full warm start (146 s quiet)
+    run = ctx.steprl(["train", str(config)], deadline=300, mem_cap_mb=2048)
     if ctx.marker.exists():
         return Verdict(Outcome.ESCAPED, f"loading the config touched {ctx.marker.name} on the host")
     return judge(run, (0, 2))
@@ -76,6 +78,26 @@ def written(text: Callable[[Ctx], str | bytes]) -> Callable[[Ctx], Verdict]:
 
 def _dump(ctx: Ctx) -> str:
     return yaml.safe_dump(base_config(ctx))
+
+
+def _empty(ctx: Ctx) -> Verdict:
+    """An empty file is every default: the default demo, a few minutes of warm start and RL, not
+    a refusal. What must hold: it starts and shows progress, and a SIGTERM stops it in one line
+    (a whole default run is past any probe's deadline)."""
+    path = ctx.tmp / "config.yaml"
+    path.write_text("")
+    proc = ctx.start(["train", str(path)], mem_cap_mb=2048)
+    if not proc.wait_for("sft step", 150):
+        return judge(proc.wait(1), (0, 2))
+    proc.signal(signal.SIGTERM)
+    run = proc.wait(60)
+    if ctx.marker.exists():
+        return Verdict(Outcome.ESCAPED, f"loading the config touched {ctx.marker.name} on the host")
+    if run.timed_out or run.rc in (0, 2):
+        return judge(run, (0, 2))
+    if run.rc not in (130, 143, -15) or "Traceback" in run.out:
+        return defect(f"SIGTERM in the default run's warm start: exit {run.rc}: {run.last_line()}")
+    return judge(run, (run.rc,), why="")
 
 
 def _directory(ctx: Ctx) -> Verdict:
@@ -194,7 +216,7 @@ MUTATIONS: list[tuple[str, tuple[Change, ...]]] = [
 
 WHOLE_FILE: list[tuple[str, Callable[[Ctx], Verdict]]] = [
     ("YAML syntax error", written(lambda ctx: "run: {name: x\ntrainer: [\n")),
-    ("an empty file", written(lambda ctx: "")),
+    ("an empty file: the defaults, SIGTERM ends it", _empty),
     ("a top-level list", written(lambda ctx: "- run\n- model\n")),
     ("not UTF-8", written(lambda ctx: _dump(ctx).encode() + b"# caf\xe9\n")),
     (

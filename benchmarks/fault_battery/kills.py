@@ -66,11 +66,16 @@ def two_trains_at_once(ctx: Ctx) -> Verdict:
     """A second `steprl train` of the same config while the first runs: it refuses in one line
     and the first finishes alone."""
     run_dir = ctx.tmp / "runs" / NAME
-    args = ["train", str(TINY_CONFIG), *sets([*TINY, f"run.output_dir={ctx.tmp / 'runs'}", *LONG])]
+    # long enough to outlast the second's start-up (imports, model, env: ~10 s): a first run
+    # that had ended before the second began would rightly not refuse it
+    longer = ("trainer.total_steps=80", "trainer.checkpoint_every=20")
+    args = ["train", str(TINY_CONFIG), *sets([*TINY, f"run.output_dir={ctx.tmp / 'runs'}", *longer])]
     first = ctx.start(args)
     if not wait_for_step(first, run_dir, 1, timeout=240):
         return defect(f"the first run never logged step 1: {first.wait(1).last_line()}")
     second = ctx.start(args).wait(240)
+    if first.popen.poll() is not None:
+        return defect("the first run had ended before the second finished; the probe missed its moment")
     done = first.wait(240)
     if done.rc != 0:
         return defect(f"the first run ended with exit {done.rc} beside the second: {done.last_line()}")

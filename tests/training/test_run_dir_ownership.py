@@ -143,7 +143,8 @@ def test_wandb_not_logged_in_is_one_line_and_leaves_the_finished_run_whole(tmp_p
 
 def test_a_health_rule_stop_leaves_what_ctrl_c_leaves(tmp_path):
     """With the default `trainer.checkpoint_every: 0` a rule's stop used to leave no checkpoint,
-    no curve and no report: nothing to resume or look at. Now it is Ctrl-C with a reason."""
+    no curve, no report and no final evaluation: nothing to resume or look at. Now it is Ctrl-C
+    with a reason, and the step it stopped at is evaluated as a run's last step is."""
     rule = "[{name: halt, when: [{signal: approx_kl, above: -1}], steps: 1, actions: [stop]}]"
     sets = [*TINY_SCRATCH, f"run.output_dir={tmp_path}", "trainer.total_steps=3", f"health.rules={rule}"]
     rc, out = run_steprl(
@@ -157,6 +158,8 @@ def test_a_health_rule_stop_leaves_what_ctrl_c_leaves(tmp_path):
     assert "no earlier checkpoint" in last, out
     manifest = json.loads((run_dir / "checkpoints" / "latest" / "manifest.json").read_text())
     assert manifest["step"] == 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/success" in r] == [0, 1], rows  # the end, evaluated
     assert (run_dir / "report.html").stat().st_size > 0
     assert (run_dir / "learning_curve.png").stat().st_size > 0
 

@@ -140,7 +140,8 @@ def _write(target: Path, text: str) -> None:
         if made:
             tmp.unlink(missing_ok=True)
         reason = exc.strerror or type(exc).__name__
+        where = f" ({exc.filename})" if exc.filename else ""  # a full disk names no file
         raise ReportWriteError(
-            f"cannot write the report to {target}: {reason} ({exc.filename}); "
+            f"cannot write the report to {target}: {reason}{where}; "
             "give -o a file name in a folder you can write"
         ) from exc

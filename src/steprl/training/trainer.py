@@ -219,6 +219,10 @@ def _train(
             )
             state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
             health_run.write_log(run_dir, firings)
+            if settings.stop is not None and evaluated is None:  # a rule's stop is the run's end:
+                with contextlib.suppress(StopRequested):  # where it stopped, measured as at the end
+                    last_eval, took, evaluated = run_eval(step)
+                    metrics.update(last_eval | took)
             out.write(
                 step,
                 metrics,
