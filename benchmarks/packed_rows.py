@@ -23,7 +23,7 @@ from steprl.algorithms import POLICY_LOSSES
 from steprl.models.tiny import TinyModelSpec, build_model, build_tokenizer
 from steprl.rollout.context import DropOldObservations, KeepLastK, StripThinking
 from steprl.rollout.views import Sample
-from steprl.training.learner import Learner
+from steprl.training.learner import LocalLearner
 
 PROMPT, ACTION, OBS, TASKS, SAMPLES = 40, 16, 24, 8, 8
 CLOSE = 15  # the `</think>` id for strip_thinking: put mid-action, so half of each action is cut
@@ -56,8 +56,8 @@ def rows_for(rule, turns: int, rng: random.Random) -> list[Sample]:
     return out
 
 
-def learner(model, pack: bool) -> Learner:
-    return Learner(
+def learner(model, pack: bool) -> LocalLearner:
+    return LocalLearner(
         model,
         policy_loss=POLICY_LOSSES["ppo_clip"].fn,
         needs_proximal=False,

@@ -9,6 +9,7 @@ it is what is tested, not how good it is); the two commands run in parallel.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -20,7 +21,7 @@ import cli_zygote
 from cli_runs import STEPRL, assert_one_line
 from steprl.config import dump_config
 from steprl.models import tiny
-from steprl.training.checkpoint import save_checkpoint
+from steprl.training.checkpoint import save_checkpoint, write_model
 from tiny_runs import small_config
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +40,7 @@ def _make_run(tmp_path: Path) -> Path:
         save_checkpoint(
             run / "checkpoints",
             step,
-            model=LlamaForCausalLM(spec),
+            write_model=functools.partial(write_model, LlamaForCausalLM(spec)),
             tokenizer=tok,
             state={},
             config_yaml=dump_config(cfg),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from pathlib import Path
 
@@ -32,7 +33,13 @@ def _save(root: Path, step: int, mt, keep_last: int = 2, payload: float = 0.0) -
     model, tok = mt
     state = {"train_state": {"step": step}, "x": torch.full((4,), payload)}
     return ckpt.save_checkpoint(
-        root, step, model=model, tokenizer=tok, state=state, config_yaml="run: {}\n", keep_last=keep_last
+        root,
+        step,
+        write_model=functools.partial(ckpt.write_model, model),
+        tokenizer=tok,
+        state=state,
+        config_yaml="run: {}\n",
+        keep_last=keep_last,
     )
 
 

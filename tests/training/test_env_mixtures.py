@@ -15,7 +15,7 @@ from steprl.algorithms import POLICY_LOSSES, estimators
 from steprl.config import AlgorithmSection
 from steprl.rollout.views import packed_view
 from steprl.training.batching import collate
-from steprl.training.learner import Learner
+from steprl.training.learner import LocalLearner
 from steprl.training.sources import make_source, take
 from steprl.training.sources.check import ENVS, synthetic_splits
 from steprl.training.step_batch import advantage_inputs, postprocess
@@ -64,7 +64,7 @@ def test_learning_progress_draws_the_env_that_moves_and_keeps_the_floor():
 
 def _learner(model):
     spec = POLICY_LOSSES["ppo_clip"]
-    return Learner(
+    return LocalLearner(
         copy.deepcopy(model),
         policy_loss=functools.partial(spec.fn),
         needs_proximal=spec.needs_proximal,

@@ -15,11 +15,11 @@ from steprl.config import ConfigError, load_config
 from steprl.health.actions import Levers
 from steprl.training.controllers import Adjustments
 from steprl.training.health_run import apply_levers, group_filter
-from steprl.training.learner import Learner
+from steprl.training.learner import LocalLearner
 from tiny_runs import make_learner
 
 
-def _learner(model: torch.nn.Module) -> Learner:
+def _learner(model: torch.nn.Module) -> LocalLearner:
     return make_learner(copy.deepcopy(model))
 
 

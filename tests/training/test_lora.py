@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import pickle
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ from steprl.models import tiny  # noqa: E402
 from steprl.rollout.engines.hf import EngineSettings, HFEngine  # noqa: E402
 from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
 from steprl.training.batching import device_of, token_logprobs  # noqa: E402
-from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint  # noqa: E402
+from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint, write_model  # noqa: E402
 from steprl.training.lora import (  # noqa: E402
     AdaptersDisabled,
     LoraConfigError,
@@ -318,7 +319,7 @@ def _save(pm, root, tokenizer):
     return save_checkpoint(
         root,
         1,
-        model=pm,
+        write_model=functools.partial(write_model, pm),
         tokenizer=tokenizer,
         state={"optimizer": learner.optimizer.state_dict()},
         config_yaml="x: 1\n",

@@ -20,7 +20,7 @@ from steprl.envs.base import Observation
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, register
 from steprl.errors import RunAborted
-from steprl.training.learner import Learner
+from steprl.training.learner import LocalLearner
 from steprl.training.sources.stream import StreamSource
 from steprl.training.step_batch import collect_groups, valid
 from steprl.training.trainer import describe_eval, train
@@ -30,7 +30,7 @@ from tiny_runs import small_config
 
 def _learner(model, loss_fn=None, grad_clip=1.0):
     spec = POLICY_LOSSES["ppo_clip"]
-    return Learner(
+    return LocalLearner(
         copy.deepcopy(model),
         policy_loss=loss_fn or functools.partial(spec.fn),
         needs_proximal=False,

@@ -13,7 +13,7 @@ import torch
 from steprl.rollout.context import DropOldObservations, KeepLastK, StripThinking
 from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training.batching import batch_hidden, collate, logprobs_at
-from steprl.training.learner import Learner
+from steprl.training.learner import LocalLearner
 from steprl.training.packing import pack
 
 
@@ -30,7 +30,7 @@ def _learner(model, pad_id, loss="ppo_clip", *, pack, lr=1e-2):
     from steprl.algorithms import POLICY_LOSSES
 
     spec = POLICY_LOSSES[loss]
-    return Learner(
+    return LocalLearner(
         model,
         policy_loss=spec.fn,
         needs_proximal=spec.needs_proximal,
@@ -139,11 +139,11 @@ def test_one_optimizer_step_needs_no_proximal_pass(tokenizer, small_model, sampl
             copy.deepcopy(small_model).train(), tokenizer.pad_token_id, "decoupled_ppo", pack=True, lr=1e-3
         )
 
-        def counted(*a, real=learner.logprobs_of, n=mini_batches, **k):
+        def counted(*a, real=learner._logprobs, n=mini_batches, **k):
             calls.append(n)
             return real(*a, **k)
 
-        monkeypatch.setattr(learner, "logprobs_of", counted)
+        monkeypatch.setattr(learner, "_logprobs", counted)
         stats = learner.update(samples, epochs=1, mini_batches=mini_batches, generator=torch.Generator())
         assert torch.isfinite(torch.tensor(stats["actor/pg_loss"]))
     # one step: the proximal policy is the step's own weights (its log-probs, detached); two

@@ -6,6 +6,7 @@ nor deleted. Seen end to end through `steprl train --resume`, and writer by writ
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -124,7 +125,13 @@ def test_checkpoints_refuse_a_linked_directory_and_replace_their_own_names(tmp_p
     def save(root: Path, step: int) -> Path:
         state = {"train_state": {"step": step}, "x": torch.zeros(2)}
         return ckpt.save_checkpoint(
-            root, step, model=model, tokenizer=tok, state=state, config_yaml="run: {}\n", keep_last=2
+            root,
+            step,
+            write_model=functools.partial(ckpt.write_model, model),
+            tokenizer=tok,
+            state=state,
+            config_yaml="run: {}\n",
+            keep_last=2,
         )
 
     linked = _planted(tmp_path / "run" / "checkpoints", victim.parent)

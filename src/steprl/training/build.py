@@ -36,7 +36,8 @@ from steprl.training.components import Stateful
 from steprl.training.controllers import Controllers
 from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
 from steprl.training.health_snapshots import ring_for
-from steprl.training.learner import Learner, Regularizers
+from steprl.training.learner import LocalLearner, Regularizers
+from steprl.training.learner_protocol import Learner
 from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
 from steprl.training.policy import Policy, load_policy
 from steprl.training.rollout_parts import SnapshotState, context_rule, engine_for, engine_settings
@@ -75,7 +76,7 @@ class Parts:
 
     def push_weights(self, version: int) -> None:
         """The learner's weights to every engine copy, as policy `version`."""
-        update = self.learner.state_dict_for_engine()
+        update = self.learner.weights()
         self.engine.update_weights(update, version=version)
         if self.remote is not None:
             self.remote.sync_weights(update, version=version)
@@ -203,7 +204,7 @@ def build(
     )
     value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
     pack = _pack_rows(cfg, policy.model, log)
-    learner = Learner(
+    learner: Learner = LocalLearner(
         policy.model,
         policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
         needs_proximal=loss_spec.needs_proximal,
@@ -224,14 +225,14 @@ def build(
             vf_coef=algo.vf_coef,
             value_clip=algo.value_clip,
         ),
-        ref_model=ref_model if algo.kl_in == "loss" else None,  # in-reward KL: training/step_batch.py
+        ref_model=ref_model,  # the KL in the loss, or in the reward (training/step_batch.py asks)
         value_head=value_head,
         device=cfg.model.device,
         grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,
         pack=pack,
     )
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
-        engine.update_weights(learner.state_dict_for_engine(), version=engine.version)
+        engine.update_weights(learner.weights(), version=engine.version)
     critic: SeparateCritic | SharedCritic | None = None
     if algo.critic == "separate":
         critic = SeparateCritic(
@@ -289,7 +290,7 @@ def build(
         )
         cleanup.callback(remote.close)
         if is_peft(policy.model):
-            remote.sync_weights(learner.state_dict_for_engine(), version=engine.version)
+            remote.sync_weights(learner.weights(), version=engine.version)
         log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
     return Parts(
         policy=policy,

@@ -74,7 +74,7 @@ def save_checkpoint(
     root: Path,
     step: int,
     *,
-    model: Any,
+    write_model: Callable[[Path, Path], None],
     tokenizer: Any,
     state: dict[str, Any],
     config_yaml: str,
@@ -91,10 +91,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        if is_peft(model):
-            save_adapters(model, tmp, final)
-        else:
-            model.save_pretrained(tmp)
+        write_model(tmp, final)
         tokenizer.save_pretrained(tmp)
         _write(tmp / "config.yaml", config_yaml.encode())
         buf = io.BytesIO()  # serialise in memory: a full disk is then an OSError from write()
@@ -203,6 +200,15 @@ def find_checkpoint(root: Path, warn: Callable[[str], None]) -> Path | None:
 def load_state(path: Path) -> dict[str, Any]:
     """state.pt of a verified checkpoint (ours: pickled RNG states, so not weights_only)."""
     return torch.load(path / STATE, map_location="cpu", weights_only=False)
+
+
+def write_model(model: Any, directory: Path, final: Path) -> None:
+    """The policy in HF format into `directory` (LoRA: the adapters, their config naming the
+    base; `final` is where the directory is renamed to)."""
+    if is_peft(model):
+        save_adapters(model, directory, final)
+    else:
+        model.save_pretrained(directory)
 
 
 def load_model_weights(model: Any, path: Path) -> None:

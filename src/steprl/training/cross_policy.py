@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 
 from steprl.rollout.views import Sample
-from steprl.training.learner import Learner
+from steprl.training.learner_protocol import Learner
 from steprl.training.step_batch import StepBatch
 from steprl.types import Trajectory
 
@@ -44,7 +44,7 @@ def ratio_metrics(learner: Learner, batch: StepBatch, version: int, lags: int) -
     samples, trajectories = batch.samples, batch.trajectories
     if not lags or not samples:
         return {}
-    logps = learner.logprobs_of(samples)  # target-aligned: logps[t - 1] is input token t's
+    logps = learner.compute(samples, logprobs=True).logprobs or ()  # logps[t - 1]: input token t's
     ratios: dict[int, list[float]] = defaultdict(list)
     for sample, logp in zip(samples, logps, strict=True):
         for t, lag in token_lags(sample, trajectories[sample.traj_index], version):

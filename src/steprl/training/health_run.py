@@ -20,7 +20,7 @@ from steprl.health.actions import Levers
 from steprl.training.build import Parts
 from steprl.training.controllers import Adjustments
 from steprl.training.health_snapshots import SnapshotRing
-from steprl.training.learner import Learner
+from steprl.training.learner_protocol import Learner, LearnerLevers
 from steprl.training.pipeline import Pipeline
 from steprl.types import Trajectory
 
@@ -32,13 +32,13 @@ def apply_levers(cfg: Config, learner: Learner, settings: Adjustments) -> Adjust
     for (every step: a resume or a rollback sees the same values); returns `settings` with the
     reward-KL coefficient scaled when the KL is in the reward."""
     levers = settings.levers or Levers()
-    for group in learner.optimizer.param_groups:
-        group["lr"] = cfg.trainer.lr * levers.lr_scale
     algo = cfg.algorithm
-    learner.reg = dataclasses.replace(
-        learner.reg,
-        entropy_coef=algo.entropy_coef if levers.entropy_coef is None else levers.entropy_coef,
-        kl_coef=algo.kl_coef * levers.kl_scale if algo.kl_in == "loss" else 0.0,
+    learner.apply(
+        LearnerLevers(
+            lr=cfg.trainer.lr * levers.lr_scale,
+            entropy_coef=algo.entropy_coef if levers.entropy_coef is None else levers.entropy_coef,
+            kl_coef=algo.kl_coef * levers.kl_scale if algo.kl_in == "loss" else 0.0,
+        )
     )
     if algo.kl_in == "reward" and levers.kl_scale != 1.0:
         base = algo.kl_coef if settings.kl_coef is None else settings.kl_coef
@@ -93,7 +93,7 @@ def carry_out(
         restored = ring.restore(once.rollback, step)
         if restored is not None:
             version += 1
-            pipeline.roll_back(parts.learner.state_dict_for_engine(), version)
+            pipeline.roll_back(parts.learner.weights(), version)
             if once.replay:  # this step's tasks (not in the ring yet), then the undone ones kept
                 pipeline.replay([*ring.trained_after(restored), *pipeline.step_tasks])
         for e in events:

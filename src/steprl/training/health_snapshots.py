@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from steprl.config import Config
-from steprl.training.learner import Learner
+from steprl.training.learner_protocol import Learner
 from steprl.training.state import task_dict, task_from_dict
 from steprl.types import Task
 
@@ -29,11 +26,7 @@ class SnapshotRing:
     def capture(self, step: int, trained: Sequence[tuple[int, Task]] = ()) -> None:
         """The weights and optimizer at the end of `step`, and the tasks it took (with their
         stream positions: a rollback with replay serves them again)."""
-        snap = {
-            "params": [p.detach().clone() for p in self.learner.params],
-            "optimizer": copy.deepcopy(self.learner.optimizer.state_dict()),
-            "trained": list(trained),
-        }
+        snap = {**self.learner.snapshot(), "trained": list(trained)}
         self.steps, self.snaps = [*self.steps, step][-self.size :], [*self.snaps, snap][-self.size :]
 
     def trained_after(self, step: int) -> list[tuple[int, Task]]:
@@ -57,10 +50,7 @@ class SnapshotRing:
         # the kept steps after it are undone: a later rollback must neither restore them nor
         # serve their tasks again
         self.steps, self.snaps = self.steps[: i + 1], self.snaps[: i + 1]
-        with torch.no_grad():
-            for p, saved in zip(self.learner.params, snap["params"], strict=True):
-                p.copy_(saved)
-        self.learner.optimizer.load_state_dict(copy.deepcopy(snap["optimizer"]))
+        self.learner.restore(snap)
         return self.steps[i]
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The learner: recompute log-probs on exact token ids and take PPO-style optimizer steps.
+"""The in-process learner (`LocalLearner`, the first implementation of
+`training/learner_protocol.Learner`): recompute log-probs on exact token ids and take PPO-style
+optimizer steps, on one device.
 
 It is algorithm-blind: the policy loss and aggregation are looked up by name by the trainer and
 handed in. Rows are packed trajectories or single steps (`rollout.views.Sample`) carrying their
@@ -7,19 +9,26 @@ per-token advantages (and critic targets, when a shared value head is trained).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from steprl.algorithms.inputs import PolicyLossInputs
 from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
-from steprl.rollout.engines.lora_merge import AdapterUpdate
+from steprl.config import ConfigError
 from steprl.rollout.views import Sample
+from steprl.training import checkpoint as ckpt
 from steprl.training.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
 from steprl.training.critic import ValueHead, collate_values
 from steprl.training.guards import grad_metrics, guarded_step
-from steprl.training.lora import adapter_update, is_peft
+from steprl.training.learner_protocol import Computed, LearnerLevers, Weights
+from steprl.training.lora import adapter_update, eval_mode, is_peft
 
 PolicyLoss = Callable[[PolicyLossInputs], PolicyLossOutput]
 
@@ -35,8 +44,9 @@ class Regularizers:
     value_clip: float | None = 0.5
 
 
-class Learner:
-    """Owns the trainable policy (plus a shared value head, if any) and its AdamW optimizer."""
+class LocalLearner:
+    """Owns the trainable policy (plus a shared value head, if any), the frozen KL reference and
+    the AdamW optimizer, in this process. Reached only through the `Learner` protocol."""
 
     def __init__(
         self,
@@ -76,6 +86,7 @@ class Learner:
         self.pad_id = pad_id
         self.temperature = temperature
         self.reg = regularizers
+        # the frozen reference (KL in the loss, or in the reward: `compute(ref_logprobs=True)`)
         self.ref_model = ref_model.to(device).eval() if ref_model is not None else None
         self.value_head = value_head.to(device) if value_head is not None else None
         # only what requires grad: with LoRA the base is frozen and the optimizer holds the adapters
@@ -84,12 +95,84 @@ class Learner:
         self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
-    def state_dict_for_engine(self) -> dict[str, torch.Tensor] | AdapterUpdate:
+    def weights(self) -> Weights:
         """What the engines need for the current policy: the full weights, or with LoRA only the
         adapters (the engines merge them into their copy of the base)."""
         if is_peft(self.model):
             return adapter_update(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def compute(
+        self,
+        rows: Sequence[Sample],
+        *,
+        logprobs: bool = False,
+        ref_logprobs: bool = False,
+        entropies: bool = False,
+        eval_mode: bool = False,
+    ) -> Computed:
+        if ref_logprobs and self.ref_model is None:
+            raise ValueError("ref_logprobs asked of a learner with no reference model (kl_coef 0)")
+        with _probe_mode(self.model, self.device) if eval_mode else _nothing():
+            stats = self._token_stats(rows) if logprobs or entropies else None
+            ref = self._token_stats(rows, self.ref_model) if ref_logprobs else None
+        return Computed(
+            logprobs=tuple(lp for lp, _ in stats) if stats is not None and logprobs else None,
+            ref_logprobs=tuple(lp for lp, _ in ref) if ref is not None else None,
+            entropies=tuple(e for _, e in stats) if stats is not None and entropies else None,
+        )
+
+    def apply(self, levers: LearnerLevers) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = levers.lr
+        self.reg = dataclasses.replace(self.reg, entropy_coef=levers.entropy_coef, kl_coef=levers.kl_coef)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "params": [p.detach().clone() for p in self.params],
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        with torch.no_grad():
+            for p, saved in zip(self.params, snapshot["params"], strict=True):
+                p.copy_(saved)
+        self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            # LoRA: the adapters (and only they) are trainable; exact tensors, not the re-saved format
+            "adapters": (
+                {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+                if is_peft(self.model)
+                else None
+            ),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
+        if state["adapters"] is not None:
+            params = dict(self.model.named_parameters())
+            missing = set(state["adapters"]) - set(params)
+            if missing:
+                raise ConfigError(
+                    f"{checkpoint}: adapters do not fit this model (e.g. {sorted(missing)[:2]}); "
+                    "check model.lora"
+                )
+            for n, t in state["adapters"].items():
+                params[n].data.copy_(t)
+        else:
+            ckpt.load_model_weights(self.model, checkpoint)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.value_head is not None and state["value_head"] is not None:
+            self.value_head.load_state_dict(state["value_head"])
+
+    def save_model(self, directory: Path, final: Path) -> None:
+        ckpt.write_model(self.model, directory, final)
+
+    def close(self) -> None:
+        """Nothing to release in one process."""
 
     @torch.no_grad()
     def _token_stats(
@@ -113,14 +196,10 @@ class Learner:
             ]
         return out
 
-    def logprobs_of(
+    def _logprobs(
         self, samples: Sequence[Sample], model: torch.nn.Module | None = None
     ) -> list[torch.Tensor]:
         return [lp for lp, _ in self._token_stats(samples, model)]
-
-    def entropies_of(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        """Token entropies under the current policy, target-aligned per sample (EMPG)."""
-        return [tuple(ent.tolist()) for _, ent in self._token_stats(samples)]
 
     def update(
         self,
@@ -147,9 +226,11 @@ class Learner:
         # With one optimizer step per batch those are the weights of the one backward pass: its
         # own log-probs, detached, so no extra forward pass is needed.
         one_step = epochs == 1 and len(minibatches(len(samples), mini_batches, torch.Generator())) == 1
-        prox = self.logprobs_of(samples) if self.needs_proximal and not one_step else None
+        prox = self._logprobs(samples) if self.needs_proximal and not one_step else None
         self._prox_is_current = self.needs_proximal and one_step
-        ref = self.logprobs_of(samples, self.ref_model) if self.ref_model is not None else None
+        # the reference pass only when the KL is in the loss (in the reward: make_batch asked)
+        in_loss = self.ref_model is not None and self.reg.kl_coef != 0.0
+        ref = self._logprobs(samples, self.ref_model) if in_loss else None
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms: list[float] = []
@@ -311,4 +392,17 @@ class GradShare:
         return {f"grad_share/{e}": v / total if total > 0 else 0.0 for e, v in sorted(self.squared.items())}
 
 
-__all__ = ["GradShare", "Learner", "Regularizers", "by_env"]
+@contextlib.contextmanager
+def _probe_mode(model: torch.nn.Module, device: str) -> Iterator[None]:
+    """A probe's pass: no dropout and no global RNG moved (the run's sampling stays the same)."""
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), eval_mode(model):
+        yield
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+__all__ = ["GradShare", "LocalLearner", "Regularizers", "by_env"]

@@ -186,13 +186,14 @@ class AdaptersDisabled(nn.Module):
         return getattr(emb, "base_layer", emb)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with self.peft_model.disable_adapter(), _eval_mode(self.peft_model):
+        with self.peft_model.disable_adapter(), eval_mode(self.peft_model):
             return self.peft_model(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode inside, each module's own training flag restored after (no dropout in the reference)."""
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Eval mode inside (no dropout), each submodule's own training flag restored after (a peft
+    model may mix modes: one top-level `train(flag)` would not give them back)."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:

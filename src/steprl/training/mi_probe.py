@@ -7,15 +7,14 @@ The math is `health/mutual_info.py`; this module picks the rows and scores them.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from steprl.health.mutual_info import mi_from_scores
 from steprl.rollout.views import Sample
-from steprl.training.learner import Learner
+from steprl.training.learner_protocol import Learner
 from steprl.types import Trajectory
 
 Ids = tuple[int, ...]
@@ -50,19 +49,6 @@ def probe_groups(
     return out
 
 
-@contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Every submodule in eval mode (no dropout), each restored to its own mode afterwards (a
-    peft model may mix modes: one top-level `train(flag)` would not give them back)."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, was in modes:
-            m.training = was
-
-
 def score_matrix(learner: Learner, groups: Sequence[tuple[Ids, Sequence[Ids]]]) -> torch.Tensor:
     """(N, N, K) float64: [j, i, k] = sum over the tokens of action k of group i of their log-probs
     under group j's prompt (teacher forcing, logits / learner.temperature, as the learner trains).
@@ -77,13 +63,9 @@ def score_matrix(learner: Learner, groups: Sequence[tuple[Ids, Sequence[Ids]]]) 
                 rows.append(
                     Sample(prompt + a, (0,) * len(prompt) + (1,) * len(a), (0.0,) * (len(prompt) + len(a)), j)
                 )
-    device = torch.device(learner.device)
-    with (
-        torch.no_grad(),
-        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-        _eval_mode(learner.model),
-    ):
-        logps = learner.logprobs_of(rows)  # (len-1,) each, target-aligned, 0 off the action
+    computed = learner.compute(rows, logprobs=True, eval_mode=True)  # no dropout, no RNG moved
+    assert computed.logprobs is not None
+    logps = computed.logprobs  # (len-1,) each, target-aligned, 0 off the action
     sums = torch.tensor([float(lp.double().sum()) for lp in logps], dtype=torch.float64)
     return sums.view(n, n, k)
 
@@ -93,8 +75,8 @@ def mi_probe(
 ) -> dict[str, float]:
     """RAGEN-2's MI proxy and prompt-retrieval accuracy of the current policy (`health/mi_*`).
 
-    `learner`: a `training.learner.Learner` (its `model`, `device`, `temperature` and
-    `logprobs_of`); a LoRA model needs nothing special. N = `prompts` groups of `samples`
+    `learner`: any `Learner` (its `compute`, in eval mode); a LoRA model needs nothing special.
+    N = `prompts` groups of `samples`
     reasonings each (`probe_groups`); fewer than 2 usable groups: {} (nothing to compare).
     Deterministic for the same model and rollouts; consumes no global RNG; the model's train/eval
     mode is restored. `time/health_mi_probe_s` is its wall time (the one non-deterministic value).

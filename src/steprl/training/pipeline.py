@@ -35,19 +35,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
-import torch
-
 from steprl.diagnostics.metrics import is_success
-from steprl.rollout.engines.lora_merge import AdapterUpdate
+from steprl.training.learner_protocol import Weights
 from steprl.training.sources import TaskSource
 from steprl.types import Group, Task
 
 T = TypeVar("T")
-Weights = Mapping[str, torch.Tensor] | AdapterUpdate
 #: (stream index, finished group): how a producer hands a group back (from any thread)
 Done = Callable[[int, Group], None]
 #: what happens to the task of a group evicted as too stale (`rollout.max_staleness`): requeue:

@@ -35,7 +35,6 @@ from steprl.diagnostics.sinks import no_link, open_output, readable_parquet
 from steprl.training import checkpoint as ckpt
 from steprl.training.build import Parts
 from steprl.training.components import component_states, load_component_states
-from steprl.training.lora import is_peft
 from steprl.training.state import TrainState
 
 CHECKPOINTS = "checkpoints"
@@ -225,17 +224,10 @@ def check_config_change(cfg: Config, checkpoint: Path) -> None:
 
 def checkpoint_state(parts: Parts, state: TrainState) -> dict[str, Any]:
     """What state.pt holds besides the HF-format policy (which `steprl eval` reads)."""
-    learner, critic = parts.learner, parts.critic
+    critic = parts.critic
     out: dict[str, Any] = {
-        "optimizer": learner.optimizer.state_dict(),
-        "value_head": learner.value_head.state_dict() if learner.value_head is not None else None,
+        **parts.learner.state_dict(),  # optimizer, value_head, adapters
         "critic": None,
-        # LoRA: the adapters (and only they) are trainable; exact tensors, not the re-saved format
-        "adapters": (
-            {n: p.detach().clone() for n, p in learner.model.named_parameters() if p.requires_grad}
-            if is_peft(learner.model)
-            else None
-        ),
         "train_state": state.to_dict(),
         "components": component_states(parts.components),  # the task source, ...: by name
     }
@@ -258,21 +250,8 @@ def restore(parts: Parts, path: Path) -> TrainState:
             "kept the KL coefficient and guard streaks elsewhere; resume it with that version, or "
             "start the run afresh with run.overwrite=true"
         )
-    learner, critic = parts.learner, parts.critic
-    if saved["adapters"] is not None:
-        missing = set(saved["adapters"]) - {n for n, _ in learner.model.named_parameters()}
-        if missing:
-            raise ConfigError(
-                f"{path}: adapters do not fit this model (e.g. {sorted(missing)[:2]}); check model.lora"
-            )
-        params = dict(learner.model.named_parameters())
-        for n, t in saved["adapters"].items():
-            params[n].data.copy_(t)
-    else:
-        ckpt.load_model_weights(learner.model, path)
-    learner.optimizer.load_state_dict(saved["optimizer"])
-    if learner.value_head is not None and saved["value_head"] is not None:
-        learner.value_head.load_state_dict(saved["value_head"])
+    critic = parts.critic
+    parts.learner.load_state_dict(saved, path)
     if saved["critic"] is not None and getattr(critic, "model", None) is not None:
         critic.model.load_state_dict(saved["critic"]["model"])  # type: ignore[union-attr]
         critic.head.load_state_dict(saved["critic"]["head"])  # type: ignore[union-attr]
@@ -293,7 +272,7 @@ def save(parts: Parts, state: TrainState, run_dir: Path, cfg: Config, *, keep_al
     return ckpt.save_checkpoint(
         run_dir / CHECKPOINTS,
         state.step,
-        model=parts.learner.model,
+        write_model=parts.learner.save_model,
         tokenizer=parts.policy.tokenizer,
         state=checkpoint_state(parts, state),
         config_yaml=dump_config(cfg),

@@ -182,8 +182,11 @@ def make_batch(
     views = [s for i, t in enumerate(trainable) for s in parts.to_samples(t, i)]
     if not views:
         return StepBatch(trainable, (), torch.zeros(0), {})
-    learner, critic = parts.learner, parts.critic
+    critic = parts.critic
     old_values = critic.values(views) if critic else None
+    kl_in_reward = parts.ref_model is not None and algo.kl_in == "reward"
+    # one policy pass (EMPG's entropies) and one reference pass (the KL in the reward), if asked
+    computed = parts.learner.compute(views, entropies=algo.empg is not None, ref_logprobs=kl_in_reward)
     x = advantage_inputs(
         trainable,
         views,
@@ -191,13 +194,12 @@ def make_batch(
         pad_id=parts.policy.tokenizer.pad_token_id,
         env_ids=env_ids,
         values=old_values,
-        entropy=learner.entropies_of(views) if algo.empg is not None else None,
+        entropy=[tuple(e.tolist()) for e in computed.entropies] if computed.entropies is not None else None,
     )
     metrics: dict[str, float] = {}
-    if parts.ref_model is not None and algo.kl_in == "reward":
-        ref_logp = learner.logprobs_of(views, parts.ref_model)
+    if computed.ref_logprobs is not None:
         beta = algo.kl_coef if settings.kl_coef is None else settings.kl_coef
-        x, reward_kl = with_kl_in_reward(x, ref_logp, views, beta=beta, kind=algo.kl_kind)
+        x, reward_kl = with_kl_in_reward(x, computed.ref_logprobs, views, beta=beta, kind=algo.kl_kind)
         # the rows before the LOOP filter: verl's n_steps for the adaptive KL controller
         metrics = {
             "actor/reward_kl": reward_kl,

@@ -374,7 +374,7 @@ def run_step(
         stats |= parts.step_credit.fit(batch.credit[0], step)
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
     if batch.rows:
-        pipeline.publish(parts.learner.state_dict_for_engine(), version)
+        pipeline.publish(parts.learner.weights(), version)
     state = TrainState(
         step=step,
         policy_version=version,

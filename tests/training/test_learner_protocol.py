@@ -1,0 +1,114 @@
+"""The `Learner` protocol is the only way the run reaches the policy and its optimizer: the
+in-process learner passes the protocol's checker, and a whole run (KL in the reward, EMPG
+entropies, the MI probe, a health rollback, checkpoints, engine pushes) goes through a wrapper
+that has the protocol's methods and nothing else, so any reach past it is an AttributeError."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli_runs import TINY_SCRATCH
+from steprl.algorithms import POLICY_LOSSES
+from steprl.config import load_config
+from steprl.training.learner_protocol import Computed, Learner, LearnerLevers, Weights, check_learner
+from tiny_runs import make_learner
+
+
+def test_the_local_learner_passes_the_protocols_checker(small_model, advantage_rows):
+    loss = functools.partial(POLICY_LOSSES["ppo_clip"].fn, clip_low=0.2, clip_high=0.2)
+    check_learner(lambda: make_learner(copy.deepcopy(small_model).train(), policy_loss=loss), advantage_rows)
+
+
+class Counting:
+    """A `Learner` that counts each call and passes it on; only the protocol's names exist."""
+
+    def __init__(self, inner: Learner, calls: Counter[str]) -> None:
+        self._inner, self._calls = inner, calls
+
+    @property
+    def temperature(self) -> float:
+        return self._inner.temperature
+
+    def compute(self, rows: Any, **asked: bool) -> Computed:
+        self._calls["compute:" + "+".join(sorted(k for k, v in asked.items() if v))] += 1
+        return self._inner.compute(rows, **asked)
+
+    def update(self, rows: Any, **kw: Any) -> dict[str, float]:
+        self._calls["update"] += 1
+        return self._inner.update(rows, **kw)
+
+    def weights(self) -> Weights:
+        self._calls["weights"] += 1
+        return self._inner.weights()
+
+    def apply(self, levers: LearnerLevers) -> None:
+        self._calls["apply"] += 1
+        self._inner.apply(levers)
+
+    def snapshot(self) -> Any:
+        self._calls["snapshot"] += 1
+        return self._inner.snapshot()
+
+    def restore(self, snapshot: Any) -> None:
+        self._calls["restore"] += 1
+        self._inner.restore(snapshot)
+
+    def state_dict(self) -> dict[str, Any]:
+        self._calls["state_dict"] += 1
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state: Any, checkpoint: Path) -> None:
+        self._calls["load_state_dict"] += 1
+        self._inner.load_state_dict(state, checkpoint)
+
+    def save_model(self, directory: Path, final: Path) -> None:
+        self._calls["save_model"] += 1
+        self._inner.save_model(directory, final)
+
+    def close(self) -> None:
+        self._calls["close"] += 1
+        self._inner.close()
+
+
+def test_a_whole_run_goes_through_the_protocol(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from steprl.training import build
+    from steprl.training.trainer import train
+
+    calls: Counter[str] = Counter()
+    local = build.LocalLearner
+    monkeypatch.setattr(build, "LocalLearner", lambda *a, **k: Counting(local(*a, **k), calls))
+    rule = (
+        "[{name: undo, when: [{signal: approx_kl, above: -1}], steps: 2, budget: 1, then: alert,"
+        " cooldown: 10, actions: [{rollback: {k: 1}}]}]"
+    )
+    sets = [
+        *TINY_SCRATCH,
+        f"run.output_dir={tmp_path}",
+        "trainer.total_steps=3",
+        "trainer.checkpoint_every=3",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_in=reward",
+        "algorithm.empg={k: 1.0, k_f: 1.0, zeta: 0.1}",
+        "health.mi_every=1",
+        f"health.rules={rule}",
+        "logging.tensorboard=false",
+    ]
+    run_dir = train(load_config("configs/calculator_tiny.yaml", sets), log=lambda _: None).run_dir
+    fired = [json.loads(line) for line in (run_dir / "health.jsonl").read_text().splitlines()]
+    assert "restored the weights of step 1" in fired[0]["outcome"], fired
+    # per step: one pass for EMPG's entropies and the reward's KL together, one update, the
+    # levers, a snapshot for the ring, the weights to the engine; the MI probe's pass when its
+    # groups allow; the rollback's restore and its weights; one checkpoint at the end
+    assert calls["compute:entropies+ref_logprobs"] == 3 and calls["update"] == 3, calls
+    assert calls["apply"] == 3 and calls["snapshot"] == 4 and calls["restore"] == 1, calls
+    assert calls["weights"] == 3 + 1, calls  # each step's, and the rollback's
+    assert calls["state_dict"] == 1 and calls["save_model"] == 1, calls
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all("actor/reward_kl" in m for m in metrics if m["step"] > 0), metrics
