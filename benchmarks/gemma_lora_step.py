@@ -65,8 +65,8 @@ def fidelity(engine_dtype: str, learner_dtype: str) -> dict[str, float]:
 
     import torch
 
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.hf import HFEngine
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.hf import HFEngine
     from steprl.training.batching import token_logprobs
 
     loaded = _load(learner_dtype)

@@ -30,8 +30,8 @@ from transformers import AutoTokenizer
 
 from steprl.config import Config, load_config
 from steprl.diagnostics.metrics import is_success
+from steprl.engines.base import SamplingParams
 from steprl.rollout import seeds
-from steprl.rollout.engines.base import SamplingParams
 from steprl.rollout.loop import rollout_groups
 from steprl.training import env_setup
 from steprl.training.build import eval_tasks, rollout_setup

@@ -32,10 +32,10 @@ SHAPE = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size
 
 
 def generation(python: str) -> dict[str, float]:
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.hf import HFEngine
+    from steprl.engines.vllm_engine import VLLMEngine
     from steprl.models import tiny
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.hf import HFEngine
-    from steprl.rollout.engines.vllm_engine import VLLMEngine
 
     tok = tiny.build_tokenizer()
     ids = {"pad_id": tok.pad_token_id, "bos_id": tok.bos_token_id, "eos_id": tok.eos_token_id}

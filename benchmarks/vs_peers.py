@@ -35,11 +35,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_shape import LONG_TAIL_SPEC, MULTI_TURN_SPEC, PROMPTS, SHAPE, digit_share  # noqa: E402
 from steprl.config import load_config  # noqa: E402
+from steprl.engines.base import SamplingParams  # noqa: E402
+from steprl.engines.hf import HFEngine  # noqa: E402
 from steprl.models.tiny import TinyModelSpec, build_model, build_tokenizer  # noqa: E402
 from steprl.rollout.chat import PlainFormat  # noqa: E402
 from steprl.rollout.context import AppendOnly  # noqa: E402
-from steprl.rollout.engines.base import SamplingParams  # noqa: E402
-from steprl.rollout.engines.hf import HFEngine  # noqa: E402
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups  # noqa: E402
 from steprl.training import env_setup  # noqa: E402
 from steprl.training.build import build  # noqa: E402

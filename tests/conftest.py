@@ -142,10 +142,10 @@ def sample_rollouts(tokenizer, small_model):
     import asyncio
     from itertools import islice
 
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.hf import HFEngine
     from steprl.envs.registry import make_env, make_tasks
     from steprl.rollout.chat import PlainFormat
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.hf import HFEngine
     from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 
     def run(rule, *, temperature=1.0, n_tasks=6, group_size=3, max_tokens_per_turn=16, engine_seed=0):
@@ -187,12 +187,12 @@ def expert_episode(tokenizer, encode):
     import asyncio
     import random
 
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.scripted import ScriptedEngine
     from steprl.envs.base import maybe_await
     from steprl.envs.registry import get_spec
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.scripted import ScriptedEngine
     from steprl.rollout.loop import Budgets, run_episode
 
     def actions_of(spec, task):

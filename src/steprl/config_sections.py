@@ -23,7 +23,7 @@ class Section(BaseModel):
 
 
 class CrossPolicySection(Section):
-    """Cross-policy sampling (rollout/engines/snapshots.py): the engine holds `snapshots` weight
+    """Cross-policy sampling (engines/snapshots.py): the engine holds `snapshots` weight
     versions (the current one and the ones before it) and samples each turn from one of them,
     drawn from the turn's seed: `probs[j]` for the version j behind the current one, or
     `current_prob` for the current one and the rest split evenly. K model copies in memory."""

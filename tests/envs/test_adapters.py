@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import StdioServerParameters
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.adapters import (
     GymnasiumEnv,
     MCPToolEnv,
@@ -37,8 +39,6 @@ from steprl.envs.check import acheck_spec, check_spec
 from steprl.envs.registry import EnvSpec
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.types import EndReason, Task
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import InfraError, Transition
 from steprl.envs.check import check_spec
 from steprl.envs.library.apps import (
@@ -38,8 +40,6 @@ from steprl.envs.policy import Policy
 from steprl.envs.sandbox import Sandbox, SandboxLimits, probe_capabilities
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.types import EndReason, Task
 

@@ -842,10 +842,10 @@ LOOP_CASES: tuple[tuple[str, str], ...] = (
 def test_the_crashes_this_fuzz_found_are_policy_mistakes_in_the_agent_loop(
     name: str, action: str, tokenizer: Any
 ) -> None:
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.scripted import ScriptedEngine
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.scripted import ScriptedEngine
     from steprl.rollout.loop import Budgets, run_episode
     from steprl.types import EndReason
 

@@ -441,10 +441,10 @@ def test_arbitrary_actions_never_raise(actions: list[str]):
 
 
 def test_retrieved_tokens_are_masked_in_the_loop(tokenizer):
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.scripted import ScriptedEngine
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.scripted import ScriptedEngine
     from steprl.rollout.loop import Budgets, run_episode
     from steprl.rollout.views import packed_view
     from steprl.types import EndReason

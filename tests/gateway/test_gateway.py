@@ -18,14 +18,14 @@ import torch
 import uvicorn
 
 import cli_zygote
+from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.hf import HFEngine
+from steprl.engines.scripted import ScriptedEngine
 from steprl.gateway.app import make_app
 from steprl.gateway.policy_gateway import Gateway
 from steprl.hosting.local_server import free_port
 from steprl.models import qwen3_testbed
 from steprl.rollout.chat_format import ChatFormat
-from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.views import Sample
 from steprl.training.batching import collate, token_logprobs
 

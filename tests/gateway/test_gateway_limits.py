@@ -31,12 +31,12 @@ import torch
 import uvicorn
 
 import cli_zygote
+from steprl.engines.hf import HFEngine
 from steprl.gateway.app import make_app
 from steprl.gateway.policy_gateway import Gateway
 from steprl.hosting.local_server import free_port
 from steprl.models import tiny
 from steprl.rollout.chat_format import ChatFormat
-from steprl.rollout.engines.hf import HFEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "configs" / "templates" / "tiny_chat.jinja"

@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 import torch
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import HFEngine
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.harness_play import calculator
 from steprl.envs.registry import EnvLoadError, get_spec, make_env
 from steprl.envs.spec import Harness
@@ -29,9 +32,6 @@ from steprl.gateway.harness_runner import HarnessRunner
 from steprl.models import tiny
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.views import extends_throughout, training_view
 from steprl.types import EndReason, Task, Trajectory

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 
 from steprl import cli
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.harness_play import calculator, play
 from steprl.envs.registry import make_env
 from steprl.envs.spec import Harness
@@ -31,8 +33,6 @@ from steprl.gateway.harness_runner import HarnessRunner
 from steprl.models import tiny
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.types import EndReason, Task
 

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from steprl.config import RuntimeSection
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import Env, maybe_await
 from steprl.envs.registry import get_spec, make_tasks
 from steprl.hosting.backend import EnvBackend, make_backend
 from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.types import EndReason, Task
 

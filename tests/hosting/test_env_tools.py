@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import Env, env_tools
 from steprl.envs.registry import get_spec, make_env, make_tasks
 from steprl.hosting.backend import InProcessBackend
@@ -26,8 +28,6 @@ from steprl.models import qwen3_testbed
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.demos import play_demos
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.types import Task
 

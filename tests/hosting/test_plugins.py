@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from steprl.config import RuntimeSection
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.hosting.backend import make_backend
 from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 
 PLUGIN = "plugin_env_for_tests"  # tests/hosting/plugin_env_for_tests.py

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from step_helpers import SyncSource
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import Observation, Transition
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, make_tasks, register
@@ -22,8 +24,6 @@ from steprl.hosting.backend import InProcessBackend
 from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.training.sources.stream import StreamSource
 from steprl.training.step_batch import collect_groups

@@ -23,6 +23,9 @@ import pytest
 import ray
 import torch
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import EngineSettings, HFEngine
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import Observation, Transition, maybe_await
 from steprl.envs.check import acheck_spec
 from steprl.envs.library.calculator import CalculatorEnv
@@ -31,9 +34,6 @@ from steprl.hosting.ray_backend import RayEnvBackend
 from steprl.models import qwen3_testbed
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import EngineSettings, HFEngine
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 from steprl.types import EndReason, Group, Task

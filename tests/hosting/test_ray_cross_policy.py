@@ -14,12 +14,12 @@ import pytest
 import ray
 import torch
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import EngineSettings, HFEngine
+from steprl.engines.snapshots import CrossPolicy
 from steprl.envs.registry import make_env, make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import EngineSettings, HFEngine
-from steprl.rollout.engines.snapshots import CrossPolicy
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 

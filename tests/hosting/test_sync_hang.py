@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 
 import cli_zygote
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import EnvTimeout, InfraError, Observation, Transition
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import ENVS, make_tasks
@@ -34,8 +36,6 @@ from steprl.hosting.backend import InProcessBackend
 from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.types import EndReason, Task
 

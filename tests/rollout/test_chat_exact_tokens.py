@@ -38,13 +38,13 @@ import pytest
 import torch
 from torch import nn
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import HFEngine
 from steprl.envs.base import Env, Observation, Transition
 from steprl.models import qwen3_testbed
 from steprl.rollout.chat import tool_schemas
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups, run_episode
 from steprl.rollout.views import packed_view
 from steprl.training.batching import collate, token_logprobs
@@ -349,7 +349,7 @@ class _OneShotEngine:
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
     ) -> Any:
-        from steprl.rollout.engines.base import Generation
+        from steprl.engines.base import Generation
 
         ids = self.actions.pop(0)
         return Generation(ids, tuple(-1.0 for _ in ids), "stop")

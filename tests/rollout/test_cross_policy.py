@@ -1,4 +1,4 @@
-"""Cross-policy sampling (`rollout/engines/snapshots.py`): the per-turn version draw, what each
+"""Cross-policy sampling (`engines/snapshots.py`): the per-turn version draw, what each
 token records, K=1 (and an all-current draw) changing nothing, and the config's refusals."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from steprl.config import ConfigError, load_config
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import CurrentPolicy, HFEngine
+from steprl.engines.snapshots import CrossPolicy, draw_lags
 from steprl.envs.registry import make_env, make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import CurrentPolicy, HFEngine
-from steprl.rollout.engines.snapshots import CrossPolicy, draw_lags
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 
 

@@ -11,12 +11,12 @@ from itertools import islice
 import torch
 from transformers import DynamicCache
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import HFEngine
+from steprl.engines.kv_cache import engine_cache
 from steprl.envs.registry import make_env, make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine
-from steprl.rollout.engines.kv_cache import engine_cache
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.views import packed_view
 from steprl.training.batching import collate, token_logprobs

@@ -5,12 +5,12 @@ from itertools import islice
 
 import pytest
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.registry import make_env, make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups, run_episode
 from steprl.types import EndReason, Task
 

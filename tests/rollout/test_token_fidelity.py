@@ -9,9 +9,9 @@ import asyncio
 import pytest
 import torch
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import HFEngine, request_uniforms, sample_from_logits
 from steprl.rollout.context import AppendOnly, KeepLastK
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import HFEngine, request_uniforms, sample_from_logits
 from steprl.rollout.views import packed_view, per_step_view
 from steprl.training.batching import collate, token_logprobs
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 
+from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.vllm_engine import VLLMEngine, VLLMStartError
 from steprl.models import tiny
-from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.engines.vllm_engine import VLLMEngine, VLLMStartError
 from steprl.training.batching import token_logprobs
 from steprl.training.lora import adapter_update, apply_lora
 from vllm_venv import vllm_python

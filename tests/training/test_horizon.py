@@ -13,11 +13,11 @@ import pytest
 
 from steprl.algorithms import ADVANTAGES
 from steprl.config import AlgorithmSection, load_config
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.registry import make_env, make_tasks
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.rollout.views import packed_view
 from steprl.training.controllers import Adjustments, Controllers, StepReport

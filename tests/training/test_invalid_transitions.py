@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from cli_runs import ROOT, run_steprl, train_hang_env
+from steprl.engines.base import SamplingParams
+from steprl.engines.scripted import ScriptedEngine
 from steprl.envs.base import Env, Observation, Transition
 from steprl.envs.check import EnvCheckError, check_spec
 from steprl.envs.contract import REASONS, transition_problem
@@ -22,8 +24,6 @@ from steprl.envs.registry import EnvSpec, get_spec, make_tasks
 from steprl.models import tiny
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.scripted import ScriptedEngine
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.types import EndReason, Task
 

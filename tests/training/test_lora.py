@@ -20,9 +20,9 @@ peft = pytest.importorskip("peft")
 
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+from steprl.engines.hf import EngineSettings, HFEngine  # noqa: E402
+from steprl.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
 from steprl.models import tiny  # noqa: E402
-from steprl.rollout.engines.hf import EngineSettings, HFEngine  # noqa: E402
-from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
 from steprl.training.batching import device_of, token_logprobs  # noqa: E402
 from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint, write_model  # noqa: E402
 from steprl.training.lora import (  # noqa: E402
@@ -180,9 +180,9 @@ def test_adapter_update_holds_only_lora_tensors_and_pickles(base):
 
 def test_a_rollout_worker_merges_an_adapter_update(tokenizer, base):
     """The worker's path (`RolloutWorker.update_weights` -> engine) after a pickle round trip."""
+    from steprl.engines.base import SamplingParams
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.base import SamplingParams
     from steprl.rollout.loop import Budgets
 
     ray_workers = pytest.importorskip("steprl.rollout.ray_workers")
@@ -218,10 +218,10 @@ def test_ray_rollout_pool_syncs_adapter_updates(tokenizer):
     import asyncio
     from itertools import islice
 
+    from steprl.engines.base import SamplingParams
     from steprl.envs.registry import make_env, make_tasks
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.base import SamplingParams
     from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
     from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
 

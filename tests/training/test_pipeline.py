@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from step_helpers import SyncSource, local_rollout
-from steprl.rollout.engines.base import SamplingParams
+from steprl.engines.base import SamplingParams
 from steprl.rollout.loop import Budgets
 from steprl.training.pipeline import Finished, Pipeline, staleness_metrics
 from steprl.training.producers import LocalProducer
@@ -169,10 +169,10 @@ def test_staleness_metrics_by_hand():
 
 
 def _setup(model, tokenizer, budgets):
+    from steprl.engines.hf import HFEngine
     from steprl.envs.registry import make_env
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.hf import HFEngine
     from steprl.rollout.loop import RolloutSetup
 
     engine = HFEngine(

@@ -36,11 +36,11 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from steprl.engines.base import Engine, SamplingParams
 from steprl.gateway.openai_format import Reply, parse_reply
 from steprl.gateway.sessions import GatewayStats, ProvenanceError, Sample, Session, Turn, check_provenance
 from steprl.rollout import seeds
 from steprl.rollout.chat_format import ChatFormat
-from steprl.rollout.engines.base import Engine, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from steprl.rollout.engines.base import Generation
+from steprl.engines.base import Generation
 
 
 class ProvenanceError(RuntimeError):

@@ -1,5 +1,5 @@
 """Env hosting: where environment instances live. Not model serving (inference engines are in
-`steprl.rollout.engines`).
+`steprl.engines`).
 
 Three places, one interface: `backend.EnvBackend` (`make_env(task) -> Env`) is all the agent
 loop sees, and `backend.BACKENDS` picks the implementation by `runtime.backend`:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from steprl.engines.base import Generation, SamplingParams
 from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.envs.policy import Policy
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
-from steprl.rollout.engines.base import Generation, SamplingParams
 from steprl.rollout.loop import Budgets, creation_failed, run_episode
 from steprl.types import Task, Trajectory
 

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from steprl.engines.base import Engine, SamplingParams
 from steprl.envs.base import Env, EnvTimeout, Transition, env_tools, maybe_await
 from steprl.envs.contract import (
     ContractError,
@@ -26,7 +27,6 @@ from steprl.envs.contract import (
 from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat, tool_schemas
 from steprl.rollout.context import ContextRule
-from steprl.rollout.engines.base import Engine, SamplingParams
 from steprl.types import NOT_TRAINABLE, EndReason, Group, Step, Task, Trajectory
 
 

@@ -34,6 +34,9 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayError
 
+from steprl.engines.base import SamplingParams
+from steprl.engines.hf import EngineSettings, HFEngine
+from steprl.engines.lora_merge import AdapterUpdate
 from steprl.envs.base import Env
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
@@ -41,9 +44,6 @@ from steprl.hosting.backend import EnvRoute, route_env
 from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
-from steprl.rollout.engines.base import SamplingParams
-from steprl.rollout.engines.hf import EngineSettings, HFEngine
-from steprl.rollout.engines.lora_merge import AdapterUpdate
 from steprl.rollout.loop import Budgets, RolloutSetup, failed_group, rollout_groups
 from steprl.types import Group, Task
 

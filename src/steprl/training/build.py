@@ -18,6 +18,8 @@ import torch
 
 from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
 from steprl.config import Config
+from steprl.engines.base import Engine, SamplingParams
+from steprl.engines.hf import CurrentPolicy, HFEngine
 from steprl.envs.base import EnvTimeout
 from steprl.envs.deadline import take_tasks
 from steprl.errors import UserError
@@ -26,8 +28,6 @@ from steprl.rollout import seeds
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import ContextRule
-from steprl.rollout.engines.base import Engine, SamplingParams
-from steprl.rollout.engines.hf import CurrentPolicy, HFEngine
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import Sample, per_step_view, training_view
 from steprl.training import env_setup, step_rewards

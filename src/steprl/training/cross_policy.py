@@ -1,4 +1,4 @@
-"""What cross-policy sampling (`rollout/engines/snapshots.py`) does to a step's batch, by lag
+"""What cross-policy sampling (`engines/snapshots.py`) does to a step's batch, by lag
 (the current version minus the version that sampled a token):
 
     cross_policy/token_share/<lag>   the share of trained tokens sampled that many versions back

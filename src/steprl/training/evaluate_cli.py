@@ -20,8 +20,8 @@ from transformers import AutoTokenizer
 from steprl.config import Config
 from steprl.diagnostics import TrajectoryWriter
 from steprl.diagnostics.sinks import write_failed
+from steprl.engines.base import SamplingParams
 from steprl.rollout import seeds
-from steprl.rollout.engines.base import SamplingParams
 from steprl.training import env_setup
 from steprl.training.build import eval_tasks, rollout_setup
 from steprl.training.checkpoint import load_checkpoint_model

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from steprl.rollout.engines.lora_merge import AdapterUpdate
+from steprl.engines.lora_merge import AdapterUpdate
 from steprl.rollout.views import Sample
 
 #: what the engines need for the current policy: the full weights by name, or with LoRA the

@@ -3,7 +3,7 @@
 * `apply_lora` wraps the policy in a peft model: base weights frozen, adapters trainable (the
   learner's optimizer holds only parameters that require grad).
 * `adapter_update` is what a weight update sends: the A/B matrices and scaling of each targeted
-  Linear (`rollout.engines.lora_merge.AdapterUpdate`), never the base. The engine keeps a plain
+  Linear (`engines.lora_merge.AdapterUpdate`), never the base. The engine keeps a plain
   copy of the base and writes W0 + scaling * B @ A into it: generating through unmerged peft
   layers was measured 16x slower.
 * `AdaptersDisabled` is the KL reference: the same model with its adapters switched off (the
@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from steprl.engines.lora_merge import AdapterUpdate, LoraDelta
 from steprl.errors import UserError
 from steprl.extras import require
-from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraDelta
 
 ADAPTER = "default"  # peft's name for the one adapter we train
 

@@ -114,7 +114,7 @@ class Pipeline:
         snapshot_lag: int = 0,
     ) -> None:
         self.tasks = tasks
-        #: cross-policy sampling (`rollout/engines/snapshots.py`) samples turns on purpose up to
+        #: cross-policy sampling (`engines/snapshots.py`) samples turns on purpose up to
         #: this many versions behind the current one: allowed on top of `max_staleness`
         self.snapshot_lag = snapshot_lag
         self.producer = producer

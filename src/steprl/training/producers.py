@@ -18,7 +18,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from steprl.rollout.engines.hf import HFEngine
+from steprl.engines.hf import HFEngine
 from steprl.rollout.loop import RolloutSetup, failed_group, rollout_groups
 from steprl.training.pipeline import Done, Weights
 from steprl.types import Task

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from steprl.config import Config
+from steprl.engines.hf import EngineSettings, HFEngine
+from steprl.engines.snapshots import CrossPolicy
 from steprl.models.sources import DTYPES
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import CONTEXT_RULES, ContextRule
-from steprl.rollout.engines.hf import EngineSettings, HFEngine
-from steprl.rollout.engines.snapshots import CrossPolicy
 
 
 def engine_settings(cfg: Config) -> EngineSettings:
@@ -46,7 +46,7 @@ def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
     if cfg.model.engine_dtype != "auto":
         model = model.to(DTYPES[cfg.model.engine_dtype])
     if cfg.rollout.engine == "vllm":
-        from steprl.rollout.engines.vllm_engine import VLLMEngine
+        from steprl.engines.vllm_engine import VLLMEngine
 
         vllm: Any = VLLMEngine(
             model,

@@ -28,11 +28,11 @@ from steprl.training.step_rewards.base import ModelContext, StepData, StepReward
 def sample_data(model: nn.Module, tokenizer: Any, *, tasks: int = 3, group_size: int = 2) -> StepData:
     """`tasks` x `group_size` gridwalk episodes of `model` (3 turns of at most 8 tokens), the
     first of each group relabelled outcome 1 and the rest 0, as one step's `StepData`."""
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.hf import HFEngine
     from steprl.envs.registry import make_env, make_tasks
     from steprl.rollout.chat import PlainFormat
     from steprl.rollout.context import AppendOnly
-    from steprl.rollout.engines.base import SamplingParams
-    from steprl.rollout.engines.hf import HFEngine
     from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
     from steprl.rollout.views import packed_view
     from steprl.training.step_batch import advantage_inputs

@@ -78,7 +78,7 @@ class _Served:
     def complete(
         self, messages: Sequence[Mapping[str, str]], temperature: float, max_tokens: int, timeout_s: float
     ) -> str:
-        from steprl.rollout.engines.base import SamplingParams
+        from steprl.engines.base import SamplingParams
 
         text = self.tokenizer.apply_chat_template(
             [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
@@ -148,13 +148,13 @@ def _load(engine: str, model: str, chat_template: str, dtype: str, vllm_python: 
     tok = loaded.tokenizer
     positions = int(getattr(loaded.model.config, "max_position_embeddings", 2048) or 2048)
     if engine == "vllm":
-        from steprl.rollout.engines.vllm_engine import VLLMEngine
+        from steprl.engines.vllm_engine import VLLMEngine
 
         positions = min(positions, 4096)
         python = str(Path(vllm_python).expanduser().absolute())  # the worker runs in a directory of its own
         served: Any = VLLMEngine(loaded.model, tok, python=python, max_model_len=positions)
     else:
-        from steprl.rollout.engines.hf import HFEngine
+        from steprl.engines.hf import HFEngine
 
         served = HFEngine(loaded.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return _Served(served, tok, positions, f"{model} on engine {engine}")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from steprl.rollout.engines.base import Generation, SamplingParams
+from steprl.engines.base import Generation, SamplingParams
 
 
 class ScriptedEngine:

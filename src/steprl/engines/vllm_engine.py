@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
+from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
 from steprl.errors import UserError
-from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 

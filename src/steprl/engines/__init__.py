@@ -1,5 +1,5 @@
 """Inference engines: the `Engine` protocol and its implementations."""
 
-from steprl.rollout.engines.base import Engine, Generation, SamplingParams
+from steprl.engines.base import Engine, Generation, SamplingParams
 
 __all__ = ["Engine", "Generation", "SamplingParams"]

@@ -21,10 +21,10 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from steprl.rollout.engines.base import FinishReason, Generation, SamplingParams
-from steprl.rollout.engines.kv_cache import GrowingLayer, engine_cache, preloadable
-from steprl.rollout.engines.prefix_cache import PrefixCache
-from steprl.rollout.engines.sampling import ends_with_any, request_uniforms, sample_from_logits
+from steprl.engines.base import FinishReason, Generation, SamplingParams
+from steprl.engines.kv_cache import GrowingLayer, engine_cache, preloadable
+from steprl.engines.prefix_cache import PrefixCache
+from steprl.engines.sampling import ends_with_any, request_uniforms, sample_from_logits
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from steprl.rollout.engines.sampling import request_uniforms
+from steprl.engines.sampling import request_uniforms
 
 #: keeps the version draw's uniform apart from the token draws' (which use the engine seed itself)
 _DRAW_SALT = 0x5EED_C0DE_CAFE

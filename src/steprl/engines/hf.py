@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from steprl.rollout.engines.base import Generation, SamplingParams
-from steprl.rollout.engines.decode import Request, RunningBatch
-from steprl.rollout.engines.kv_cache import engine_cache, preloadable
-from steprl.rollout.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
-from steprl.rollout.engines.prefix_cache import PrefixCache
-from steprl.rollout.engines.sampling import request_uniforms, sample_from_logits
-from steprl.rollout.engines.snapshots import CrossPolicy, Snapshots, draw_lags
+from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.decode import Request, RunningBatch
+from steprl.engines.kv_cache import engine_cache, preloadable
+from steprl.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
+from steprl.engines.prefix_cache import PrefixCache
+from steprl.engines.sampling import request_uniforms, sample_from_logits
+from steprl.engines.snapshots import CrossPolicy, Snapshots, draw_lags
 
 #: Waiting requests join a running batch only if it may still decode more steps than this:
 #: closer to its end, they lose less by waiting than a join (a prefill and a cache copy) costs.
