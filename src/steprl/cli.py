@@ -96,7 +96,7 @@ def train(
     cfg = _load(config, set_, plugin, output_dir=True)
     # imported after the config is checked: a config error is one line in ~3 s, not after the
     # trainer's imports
-    from steprl.training.trainer import describe_eval
+    from steprl.training.held_out import describe_eval
     from steprl.training.trainer import train as run_training
 
     result = run_training(cfg, log=console.print)

@@ -17,7 +17,8 @@ import pytest
 from cli_runs import TINY_SCRATCH
 from steprl.algorithms import POLICY_LOSSES
 from steprl.config import load_config
-from steprl.training.learner_protocol import Computed, Learner, LearnerLevers, Weights, check_learner
+from steprl.engines.weights import WeightUpdate
+from steprl.training.learner_protocol import Computed, Learner, LearnerLevers, check_learner
 from tiny_runs import make_learner
 
 
@@ -44,9 +45,9 @@ class Counting:
         self._calls["update"] += 1
         return self._inner.update(rows, **kw)
 
-    def weights(self) -> Weights:
+    def weights(self, version: int) -> WeightUpdate:
         self._calls["weights"] += 1
-        return self._inner.weights()
+        return self._inner.weights(version)
 
     def apply(self, levers: LearnerLevers) -> None:
         self._calls["apply"] += 1

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import torch
+from steprl.engines.weights import AnyUpdate
 
 
 @dataclass(frozen=True)
@@ -48,4 +48,4 @@ class Engine(Protocol):
         seed, seed, prompt, weights) alone, whatever else is batched with the request."""
         ...
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None: ...

@@ -28,10 +28,11 @@ import torch
 from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.decode import Request, RunningBatch
 from steprl.engines.kv_cache import engine_cache, preloadable
-from steprl.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
+from steprl.engines.lora_merge import LoraMerger
 from steprl.engines.prefix_cache import PrefixCache
 from steprl.engines.sampling import request_uniforms, sample_from_logits
 from steprl.engines.snapshots import CrossPolicy, Snapshots, draw_lags
+from steprl.engines.weights import AnyUpdate, load_update
 
 #: Waiting requests join a running batch only if it may still decode more steps than this:
 #: closer to its end, they lose less by waiting than a join (a prefill and a cache copy) costs.
@@ -143,15 +144,16 @@ class HFEngine:
     def version(self) -> int:
         return self._version
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
         """Load new policy weights in place and bump the policy version. Call it on the
         engine's event loop (or while it is idle): the scheduler yields between decode steps, so
         rows in flight keep decoding with the new weights (a partial rollout; every token
         records its version) over the keys and values the old ones computed.
 
-        A full state dict replaces the weights (shapes must match). An `AdapterUpdate` (LoRA)
-        merges the adapters into this plain copy: W = W0 + scaling * B @ A, from the base
-        weights W0 kept at the first adapter update, so updates never accumulate.
+        Full weights (a `WeightUpdate`'s buckets, checked in order, or a state dict) are
+        copied in place (shapes must match). An adapter (LoRA) merges into this plain copy:
+        W = W0 + scaling * B @ A, from the base weights W0 kept at the first adapter update, so
+        updates never accumulate.
 
         With cross-policy snapshots, a new version first keeps the current (merged) weights as
         the newest snapshot; the same version again (LoRA's first merge, a resume) replaces them.
@@ -296,7 +298,7 @@ class CurrentPolicy:
     ) -> Generation:
         return await self.engine.generate(prompt_ids, sampling, seed=seed, cross_policy=False)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
         self.engine.update_weights(state_dict, version)
 
 

@@ -7,11 +7,10 @@ token ("stop").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-
-import torch
+from collections.abc import Callable, Sequence
 
 from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.weights import AnyUpdate
 
 
 class ScriptedEngine:
@@ -27,7 +26,7 @@ class ScriptedEngine:
     def version(self) -> int:
         return self._version
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
         self._version = version
 
     async def generate(

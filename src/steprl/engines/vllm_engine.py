@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,9 @@ from typing import Any
 import torch
 
 from steprl.engines.base import Generation, SamplingParams
-from steprl.engines.lora_merge import AdapterUpdate, LoraMerger, load_update
+from steprl.engines.lora_merge import LoraMerger
+from steprl.engines.transports.files import SafetensorsFiles
+from steprl.engines.weights import AnyUpdate, WeightUpdate, load_update
 from steprl.errors import UserError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -212,20 +214,18 @@ class VLLMEngine:
             versions if len(set(versions)) > 1 else (),
         )
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
         """New weights into the plain copy (a full state dict, or LoRA adapters merged), then into
         the running vLLM model between two decode steps; returns once vLLM holds them."""
         self._lora = load_update(self.model, state_dict, self._lora)
-        from safetensors.torch import save_file
-
-        path = self.workdir / f"weights-{version}.safetensors"
-        save_file(
-            {k: v.detach().to("cpu").contiguous().clone() for k, v in self.model.state_dict().items()}, path
-        )
+        # the merged plain copy to the worker as bucket files (`WEIGHT_SYNC["files"]`), which
+        # it reads one at a time into vLLM's in-place reload
+        files = SafetensorsFiles(self.workdir)
+        handle = files.send(WeightUpdate.of_tensors(self.model.state_dict(), version))
         self._loaded.clear()
-        self._post({"op": "weights", "path": str(path), "version": version})
+        self._post({"op": "weights", "paths": list(handle.paths), "version": version})
         self._loaded.wait(600)  # set by the worker's answer, or by its death
-        path.unlink(missing_ok=True)
+        files.release(handle)
         if self._dead:
             raise RuntimeError(self._dead)
         self._version = version

@@ -12,7 +12,7 @@ to the engine's socket and answers messages (plain Python values, pickled by
   temperature-scaled distribution (``logprobs_mode="processed_logprobs"``), the weights version
   that sampled it, and "stop" or "length". Multi-token stop sequences are matched on the ids
   here (vLLM matches stop strings on text); a stop id is kept, as steprl's engines keep it.
-* ``{"op": "weights", "path", "version"}``: a safetensors file of the model's parameters (Hugging
+* ``{"op": "weights", "paths", "version"}``: safetensors files of the model's parameters, in buckets (Hugging
   Face names) loaded into the running model between two decode steps, so requests in flight
   go on with the new weights (partial rollouts); answered ``{"op": "loaded", "version"}``.
 * ``{"op": "abort", "ids"?}``: drop those requests (all without ids: their callers are gone);
@@ -113,8 +113,9 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
             elif op == "weights":
                 # vLLM's in-place reload: checkpoint-format weights (Hugging Face names), repacked
                 # into the kernels' layout as at load (the CPU backend repacks its linear layers)
-                weights = load_file(msg["path"])
-                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+                # one bucket file in memory at a time, in order (engines/transports/files.py)
+                weights = (kv for path in msg["paths"] for kv in load_file(path).items())
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
                 version = int(msg["version"])
                 conn.send({"op": "loaded", "version": version})
             busy = True

@@ -18,9 +18,8 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.weights import AnyUpdate
 from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.envs.policy import Policy
 from steprl.rollout import seeds
@@ -74,7 +73,7 @@ class StrategyEngine:
     def version(self) -> int:
         return 0
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
         raise TypeError("a StrategyEngine plays a scripted policy; it has no weights")
 
     async def generate(

@@ -14,7 +14,7 @@ rotated by the same `sync_weights` calls as in-process, so each worker holds the
 a rebuilt worker replays the last K updates (and a resume's snapshots) to hold them too.
 
 What it costs: N model copies in memory (N x K with cross-policy snapshots); one `ray.put` of
-the state dict per `sync_weights` (each worker then deserialises its own copy); the model and
+each weight bucket per `sync_weights` (each worker then reads its own copy, a bucket at a time); the model and
 the latest weights stay in the object store so a dead worker can be rebuilt. If a worker dies
 mid-rollout, its share comes back as `infra_failed` trajectories (trajectories in == out) and a
 fresh worker, with the current weights and seed, takes its place.
@@ -36,7 +36,8 @@ from ray.exceptions import GetTimeoutError, RayError
 
 from steprl.engines.base import SamplingParams
 from steprl.engines.hf import EngineSettings, HFEngine
-from steprl.engines.lora_merge import AdapterUpdate
+from steprl.engines.transports.ray_store import RayHandle, RayObjectStore
+from steprl.engines.weights import AnyUpdate, as_update
 from steprl.envs.base import Env
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
@@ -129,14 +130,14 @@ class RolloutWorker:
     ) -> list[Group]:
         return await rollout_groups(tasks, group_size, self.setup, seed=seed, first_index=first_index)
 
-    async def update_weights(
-        self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int
-    ) -> bool:
-        """Apply `version` unless this worker already holds a newer one (checked on arrival:
-        a late message never rolls the weights back). True if applied."""
+    async def update_weights(self, handle: RayHandle | AnyUpdate, version: int) -> bool:
+        """Apply `version` (a pool's handle: its buckets read from the object store in order,
+        one at a time) unless this worker already holds a newer one (checked on arrival: a late
+        message never rolls the weights back). True if applied."""
         if version < self.engine.version:
             return False
-        self.engine.update_weights(state_dict, version)
+        update = RayObjectStore().receive(handle) if isinstance(handle, RayHandle) else handle
+        self.engine.update_weights(update, version)
         return True
 
     async def load_snapshots(self, state: Mapping[str, Any]) -> None:
@@ -280,20 +281,16 @@ class RayRolloutPool:
         if self._workers[slot] is actor:
             self._replace(slot, why)
 
-    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | AdapterUpdate, version: int) -> None:
-        """Push new weights to every worker (serialised once with `ray.put`). With LoRA, an
-        `AdapterUpdate` (adapters only); each worker merges it into its base copy. A rebuilt
-        worker starts from the base and gets the latest update, which is all it needs: merges
-        are from W0, not cumulative."""
-        payload: Mapping[str, torch.Tensor] | AdapterUpdate = (
-            state_dict.to("cpu")
-            if isinstance(state_dict, AdapterUpdate)
-            else {k: v.detach().cpu() for k, v in state_dict.items()}
-        )
-        ref = ray.put(payload)
+    def sync_weights(self, update: AnyUpdate, version: int) -> None:
+        """Push new weights to every worker through the object store (`WEIGHT_SYNC["ray"]`:
+        each bucket `ray.put` once, on CPU; each worker reads them in order). With LoRA, the
+        adapters only; each worker merges them into its base copy. A rebuilt worker starts
+        from the base and gets the latest update, which is all it needs: merges are from W0,
+        not cumulative."""
+        handle = RayObjectStore().send(as_update(update, version))
         self._version = version
-        self._remember(("update_weights", ref, version))
-        self._broadcast("update_weights", lambda k: (ref, version))
+        self._remember(("update_weights", handle, version))
+        self._broadcast("update_weights", lambda k: (handle, version))
 
     def load_snapshots(self, state: Mapping[str, Any]) -> None:
         """A resume's cross-policy snapshots to every worker (before the current weights)."""

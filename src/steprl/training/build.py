@@ -76,7 +76,7 @@ class Parts:
 
     def push_weights(self, version: int) -> None:
         """The learner's weights to every engine copy, as policy `version`."""
-        update = self.learner.weights()
+        update = self.learner.weights(version)
         self.engine.update_weights(update, version=version)
         if self.remote is not None:
             self.remote.sync_weights(update, version=version)
@@ -149,16 +149,7 @@ def build(
         cfg.env.source_params,
     )
     held_out = eval_tasks(cfg, run, cfg.trainer.eval_tasks)  # none: refused before the model loads too
-    if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
-        raise UserError(
-            "rollout.engine=vllm: set runtime.rollout_workers=0; Ray rollout workers hold HF engine copies "
-            "(rollout.max_staleness > 0 trains asynchronously on the vLLM engine)"
-        )
-    if cfg.runtime.rollout_workers > 0 and any(e.spec.harness is not None for e in run.envs):
-        raise UserError(
-            "env harness: set runtime.rollout_workers=0; a harness runs against the trainer's engine "
-            "(rollout.max_staleness > 0 trains it asynchronously)"
-        )
+    _refuse_combinations(cfg, run)
     if resuming and cfg.model.lora is not None and cfg.model.name != "tiny":
         # the checkpoint holds the adapters; the (uncached) SFT warm start would be thrown away
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": "pretrained"})})
@@ -191,107 +182,16 @@ def build(
     if hasattr(engine, "close"):  # a vLLM engine's worker process
         cleanup.callback(engine.close)
     algo = cfg.algorithm
-    loss_spec = POLICY_LOSSES[algo.policy_loss]
-    # a frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the base
-    # with the adapters switched off)
-    ref_model = (
-        # on the run's device: the learner moves its own, the in-reward KL reads this one as is
-        (AdaptersDisabled(policy.model) if cfg.model.lora else copy.deepcopy(policy.model))
-        .eval()
-        .to(cfg.model.device)
-        if algo.kl_coef > 0
-        else None
-    )
+    ref_model = _reference(cfg, policy.model)
     value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
     pack = _pack_rows(cfg, policy.model, log)
-    learner: Learner = LocalLearner(
-        policy.model,
-        policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
-        needs_proximal=loss_spec.needs_proximal,
-        aggregation=algo.aggregation,
-        loss_scale_factor=algo.loss_scale_factor,
-        lr=cfg.trainer.lr,
-        weight_decay=cfg.trainer.weight_decay,
-        betas=cfg.trainer.betas,
-        grad_clip=cfg.trainer.grad_clip,
-        micro_batch_size=cfg.trainer.micro_batch_size,
-        pad_id=policy.tokenizer.pad_token_id,
-        # greedy (T=0) log-probs are reported under the unscaled softmax, as the engine does
-        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
-        regularizers=Regularizers(
-            entropy_coef=algo.entropy_coef,
-            kl_coef=algo.kl_coef if algo.kl_in == "loss" else 0.0,
-            kl_kind=algo.kl_kind,
-            vf_coef=algo.vf_coef,
-            value_clip=algo.value_clip,
-        ),
-        ref_model=ref_model,  # the KL in the loss, or in the reward (training/step_batch.py asks)
-        value_head=value_head,
-        device=cfg.model.device,
-        grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,
-        pack=pack,
-    )
+    learner = _make_learner(cfg, policy, ref_model, value_head, pack)
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
-        engine.update_weights(learner.weights(), version=engine.version)
-    critic: SeparateCritic | SharedCritic | None = None
-    if algo.critic == "separate":
-        critic = SeparateCritic(
-            policy.model,
-            lr=algo.critic_lr,
-            value_clip=algo.value_clip,
-            grad_clip=cfg.trainer.grad_clip,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            pad_id=policy.tokenizer.pad_token_id,
-        )
-    elif value_head is not None:
-        critic = SharedCritic(
-            policy.model,
-            value_head,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            pad_id=policy.tokenizer.pad_token_id,
-        )
-    step_credit = (
-        step_rewards.make_step_credit(
-            algo.step_reward,
-            step_rewards.ModelContext(
-                policy.model,
-                ref_model,
-                pad_id=policy.tokenizer.pad_token_id,
-                micro_batch_size=cfg.trainer.micro_batch_size,
-                temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
-                grad_clip=cfg.trainer.grad_clip,
-            ),
-        )
-        if algo.step_reward is not None
-        else None
-    )
+        engine.update_weights(learner.weights(engine.version), version=engine.version)
+    critic = _make_critic(cfg, policy, value_head)
+    step_credit = _make_step_credit(cfg, policy, ref_model)
     setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
-    remote = None  # Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0)
-    if cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0:
-        from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
-
-        remote = RayRolloutPool(
-            engine.model,  # a plain model (LoRA: the base; adapter updates are merged into it)
-            fmt,
-            pad_token_id=policy.tokenizer.pad_token_id,
-            num_workers=cfg.runtime.rollout_workers,
-            envs=WorkerEnvs(
-                run.routes(),
-                "ray",
-                cfg.runtime.env_workers,
-                cfg.runtime.env_call_timeout_s,
-                tuple(cfg.env.plugins),
-            ),
-            rule=rule,
-            sampling=sampling,
-            budgets=budgets(cfg),
-            engine_settings=engine_settings(cfg),
-            torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
-        )
-        cleanup.callback(remote.close)
-        if is_peft(policy.model):
-            remote.sync_weights(learner.weights(), version=engine.version)
-        log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
+    remote = _rollout_workers(cfg, run, engine, fmt, rule, sampling, policy, learner, cleanup, log)
     return Parts(
         policy=policy,
         fmt=fmt,
@@ -320,6 +220,141 @@ def build(
         },
         step_credit=step_credit,
     )
+
+
+def _refuse_combinations(cfg: Config, run: env_setup.RunEnvs) -> None:
+    """What the parts cannot do together: one line each, before the model loads."""
+    if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
+        raise UserError(
+            "rollout.engine=vllm: set runtime.rollout_workers=0; Ray rollout workers hold HF engine copies "
+            "(rollout.max_staleness > 0 trains asynchronously on the vLLM engine)"
+        )
+    if cfg.runtime.rollout_workers > 0 and any(e.spec.harness is not None for e in run.envs):
+        raise UserError(
+            "env harness: set runtime.rollout_workers=0; a harness runs against the trainer's engine "
+            "(rollout.max_staleness > 0 trains it asynchronously)"
+        )
+
+
+def _reference(cfg: Config, model: torch.nn.Module) -> torch.nn.Module | None:
+    """A frozen copy of the initial policy, only when a KL term needs it (LoRA: no copy, the
+    base with the adapters switched off), on the run's device."""
+    if cfg.algorithm.kl_coef <= 0:
+        return None
+    ref = AdaptersDisabled(model) if cfg.model.lora else copy.deepcopy(model)
+    return ref.eval().to(cfg.model.device)
+
+
+def _make_learner(
+    cfg: Config, policy: Policy, ref_model: torch.nn.Module | None, value_head: ValueHead | None, pack: bool
+) -> Learner:
+    algo = cfg.algorithm
+    loss_spec = POLICY_LOSSES[algo.policy_loss]
+    return LocalLearner(
+        policy.model,
+        policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
+        needs_proximal=loss_spec.needs_proximal,
+        aggregation=algo.aggregation,
+        loss_scale_factor=algo.loss_scale_factor,
+        lr=cfg.trainer.lr,
+        weight_decay=cfg.trainer.weight_decay,
+        betas=cfg.trainer.betas,
+        grad_clip=cfg.trainer.grad_clip,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        pad_id=policy.tokenizer.pad_token_id,
+        # greedy (T=0) log-probs are reported under the unscaled softmax, as the engine does
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        regularizers=Regularizers(
+            entropy_coef=algo.entropy_coef,
+            kl_coef=algo.kl_coef if algo.kl_in == "loss" else 0.0,
+            kl_kind=algo.kl_kind,
+            vf_coef=algo.vf_coef,
+            value_clip=algo.value_clip,
+        ),
+        ref_model=ref_model,  # the KL in the loss, or in the reward (training/step_batch.py asks)
+        value_head=value_head,
+        device=cfg.model.device,
+        grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,
+        pack=pack,
+    )
+
+
+def _make_critic(
+    cfg: Config, policy: Policy, value_head: ValueHead | None
+) -> SeparateCritic | SharedCritic | None:
+    algo, pad_id = cfg.algorithm, policy.tokenizer.pad_token_id
+    if algo.critic == "separate":
+        return SeparateCritic(
+            policy.model,
+            lr=algo.critic_lr,
+            value_clip=algo.value_clip,
+            grad_clip=cfg.trainer.grad_clip,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            pad_id=pad_id,
+        )
+    if value_head is not None:
+        return SharedCritic(
+            policy.model, value_head, micro_batch_size=cfg.trainer.micro_batch_size, pad_id=pad_id
+        )
+    return None
+
+
+def _make_step_credit(cfg: Config, policy: Policy, ref_model: torch.nn.Module | None) -> StepCredit | None:
+    if cfg.algorithm.step_reward is None:
+        return None
+    return step_rewards.make_step_credit(
+        cfg.algorithm.step_reward,
+        step_rewards.ModelContext(
+            policy.model,
+            ref_model,
+            pad_id=policy.tokenizer.pad_token_id,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+            grad_clip=cfg.trainer.grad_clip,
+        ),
+    )
+
+
+def _rollout_workers(
+    cfg: Config,
+    run: env_setup.RunEnvs,
+    engine: Any,
+    fmt: PromptFormat,
+    rule: ContextRule,
+    sampling: SamplingParams,
+    policy: Policy,
+    learner: Learner,
+    cleanup: contextlib.ExitStack,
+    log: Callable[[str], None],
+) -> Any:
+    """Ray rollout workers, each with its own engine copy (runtime.rollout_workers > 0), or None."""
+    if not (cfg.runtime.backend == "ray" and cfg.runtime.rollout_workers > 0):
+        return None
+    from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
+
+    remote = RayRolloutPool(
+        engine.model,  # a plain model (LoRA: the base; adapter updates are merged into it)
+        fmt,
+        pad_token_id=policy.tokenizer.pad_token_id,
+        num_workers=cfg.runtime.rollout_workers,
+        envs=WorkerEnvs(
+            run.routes(),
+            "ray",
+            cfg.runtime.env_workers,
+            cfg.runtime.env_call_timeout_s,
+            tuple(cfg.env.plugins),
+        ),
+        rule=rule,
+        sampling=sampling,
+        budgets=budgets(cfg),
+        engine_settings=engine_settings(cfg),
+        torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
+    )
+    cleanup.callback(remote.close)
+    if is_peft(policy.model):
+        remote.sync_weights(learner.weights(engine.version), version=engine.version)
+    log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
+    return remote
 
 
 def _pack_rows(cfg: Config, model: torch.nn.Module, log: Callable[[str], None]) -> bool:

@@ -93,7 +93,7 @@ def carry_out(
         restored = ring.restore(once.rollback, step)
         if restored is not None:
             version += 1
-            pipeline.roll_back(parts.learner.weights(), version)
+            pipeline.roll_back(parts.learner.weights(version), version)
             if once.replay:  # this step's tasks (not in the ring yet), then the undone ones kept
                 pipeline.replay([*ring.trained_after(restored), *pipeline.step_tasks])
         for e in events:

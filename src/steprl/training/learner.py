@@ -22,12 +22,13 @@ import torch
 from steprl.algorithms.inputs import PolicyLossInputs
 from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, kl_penalty, masked_mean
 from steprl.config import ConfigError
+from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
 from steprl.training import checkpoint as ckpt
 from steprl.training.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
 from steprl.training.critic import ValueHead, collate_values
 from steprl.training.guards import grad_metrics, guarded_step
-from steprl.training.learner_protocol import Computed, LearnerLevers, Weights
+from steprl.training.learner_protocol import Computed, LearnerLevers
 from steprl.training.lora import adapter_update, eval_mode, is_peft
 
 PolicyLoss = Callable[[PolicyLossInputs], PolicyLossOutput]
@@ -95,12 +96,13 @@ class LocalLearner:
         self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
-    def weights(self) -> Weights:
-        """What the engines need for the current policy: the full weights, or with LoRA only the
-        adapters (the engines merge them into their copy of the base)."""
+    def weights(self, version: int) -> WeightUpdate:
+        """What the engines need for the current policy: the full weights in buckets of views
+        (no copy: read before the next update), or with LoRA only the adapters (the engines
+        merge them into their copy of the base)."""
         if is_peft(self.model):
-            return adapter_update(self.model)
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            return WeightUpdate.of_adapter(adapter_update(self.model), version)
+        return WeightUpdate.of_tensors(self.model.state_dict(), version)
 
     def compute(
         self,

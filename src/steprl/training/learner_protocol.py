@@ -18,12 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from steprl.engines.lora_merge import AdapterUpdate
+from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
-
-#: what the engines need for the current policy: the full weights by name, or with LoRA the
-#: adapters only (the engines merge them into their copy of the base)
-Weights = Mapping[str, torch.Tensor] | AdapterUpdate
 
 
 @dataclass(frozen=True)
@@ -82,8 +78,10 @@ class Learner(Protocol):
         """PPO epochs over the step's rows (one optimizer step per mini-batch): the stats."""
         ...
 
-    def weights(self) -> Weights:
-        """The current policy for the engines (a copy: later updates do not change it)."""
+    def weights(self, version: int) -> WeightUpdate:
+        """The current policy for the engines as `version`: full tensors in named, bounded
+        buckets, or a LoRA adapter. Consumed before the next `update` (it may read the live
+        weights: a second full copy is what it avoids)."""
         ...
 
     def apply(self, levers: LearnerLevers) -> None:
@@ -131,7 +129,7 @@ def check_learner(make: Callable[[], Learner], rows: Sequence[Sample]) -> None:
     assert again.logprobs is not None
     for a, b in zip(first.logprobs, again.logprobs, strict=True):
         assert torch.equal(a, b), "compute is not repeatable"
-    before = learner.weights()
+    before = learner.weights(1).full()
     snap = learner.snapshot()
     stats = learner.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(0))
     assert stats.get("actor/optimizer_steps", 1.0) != 0.0 and "actor/pg_loss" in stats, stats
@@ -140,10 +138,9 @@ def check_learner(make: Callable[[], Learner], rows: Sequence[Sample]) -> None:
     assert any(not torch.equal(a, b) for a, b in zip(first.logprobs, changed.logprobs, strict=True)), (
         "an update changed no log-prob"
     )
-    if isinstance(before, Mapping):
-        now = learner.weights()
-        assert isinstance(now, Mapping)
-        assert any(not torch.equal(before[k], now[k]) for k in before), "weights() is not a copy"
+    now = learner.weights(2)
+    assert now.version == 2 and set(now.names) == set(before), "weights() names other tensors"
+    assert any(not torch.equal(before[k], v) for k, v in now.full().items()), "weights() missed the update"
     learner.restore(snap)
     back = learner.compute(rows, logprobs=True)
     assert back.logprobs is not None
@@ -153,4 +150,4 @@ def check_learner(make: Callable[[], Learner], rows: Sequence[Sample]) -> None:
     learner.close()
 
 
-__all__ = ["Computed", "Learner", "LearnerLevers", "Weights", "check_learner"]
+__all__ = ["Computed", "Learner", "LearnerLevers", "check_learner"]

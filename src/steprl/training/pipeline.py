@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from steprl.diagnostics.metrics import is_success
-from steprl.training.learner_protocol import Weights
+from steprl.engines.weights import WeightUpdate
 from steprl.training.sources import TaskSource
 from steprl.types import Group, Task
 
@@ -64,7 +64,7 @@ class Producer(Protocol):
         `done` once per group. `max_turns`: their turn cap (None: the configured one)."""
         ...
 
-    def publish(self, weights: Weights, version: int) -> None:
+    def publish(self, weights: WeightUpdate, version: int) -> None:
         """New weights for every engine copy; episodes in flight continue on them."""
         ...
 
@@ -177,13 +177,13 @@ class Pipeline:
         self.taken += [(f, self.version) for f in picked]  # the weights they are trained from
         return [f.group for f in picked]
 
-    def publish(self, weights: Weights, version: int) -> None:
+    def publish(self, weights: WeightUpdate, version: int) -> None:
         """The learner's new weights to every engine as `version`."""
         self.producer.publish(weights, version)
         with self._cv:
             self.version = version
 
-    def roll_back(self, weights: Weights, version: int) -> None:
+    def roll_back(self, weights: WeightUpdate, version: int) -> None:
         """Restored weights (a health rollback) as the new `version`: groups queued or in flight
         that the undone versions sampled are evicted and run again, at any `max_staleness`."""
         self.publish(weights, version)

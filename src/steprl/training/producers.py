@@ -19,8 +19,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from steprl.engines.hf import HFEngine
+from steprl.engines.weights import WeightUpdate
 from steprl.rollout.loop import RolloutSetup, failed_group, rollout_groups
-from steprl.training.pipeline import Done, Weights
+from steprl.training.pipeline import Done
 from steprl.types import Task
 
 T = TypeVar("T")
@@ -60,7 +61,7 @@ class LocalProducer:
 
         self._loop.call_soon_threadsafe(schedule)
 
-    def publish(self, weights: Weights, version: int) -> None:
+    def publish(self, weights: WeightUpdate, version: int) -> None:
         async def apply() -> None:
             self.engine.update_weights(weights, version=version)
 
@@ -108,7 +109,7 @@ class RayProducer:
                 # `worker`: (slot, actor), to replace that actor once if it died
                 self._refs[ref] = (index, task, worker, done)
 
-    def publish(self, weights: Weights, version: int) -> None:
+    def publish(self, weights: WeightUpdate, version: int) -> None:
         self.engine.update_weights(weights, version=version)  # the trainer's copy: evaluation
         self.pool.sync_weights(weights, version=version)
 

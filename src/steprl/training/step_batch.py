@@ -28,6 +28,7 @@ from steprl.training.batching import collate
 from steprl.training.build import Parts
 from steprl.training.controllers import Adjustments
 from steprl.training.critic import collate_values
+from steprl.training.learner_protocol import Computed
 from steprl.training.step_rewards import Scored, StepData
 from steprl.types import Group, Trajectory
 
@@ -186,7 +187,8 @@ def make_batch(
     old_values = critic.values(views) if critic else None
     kl_in_reward = parts.ref_model is not None and algo.kl_in == "reward"
     # one policy pass (EMPG's entropies) and one reference pass (the KL in the reward), if asked
-    computed = parts.learner.compute(views, entropies=algo.empg is not None, ref_logprobs=kl_in_reward)
+    want = {"entropies": algo.empg is not None, "ref_logprobs": kl_in_reward}
+    computed = parts.learner.compute(views, **want) if any(want.values()) else Computed()
     x = advantage_inputs(
         trainable,
         views,

@@ -29,7 +29,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,24 +50,22 @@ from steprl.diagnostics.sinks import OutputWriteError
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
 from steprl.report import write_report
-from steprl.rollout import seeds
 from steprl.training import env_setup, health_run, resume, run_lock
-from steprl.training.build import Parts, build, eval_setup
+from steprl.training.build import Parts, build
 from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.cross_policy import ratio_metrics
-from steprl.training.evaluate import check_first_evaluation, evaluate
 from steprl.training.guards import FirstFailures, failure_metrics
 from steprl.training.health_snapshots import SnapshotRing
+from steprl.training.held_out import Evaluator, log_warm_start
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
 from steprl.training.rollout_parts import cross_policy_lag
-from steprl.training.run_sinks import check_loggers, evals_so_far, open_outputs
+from steprl.training.run_sinks import RunOutputs, check_loggers, evals_so_far, open_outputs
 from steprl.training.saved_advantages import Advantages, saved_advantages, saved_step_credit
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
 from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
 from steprl.training.stop_signal import StopOnSignal, StopRequested
-from steprl.training.warm_start_check import warn_if_weak
 from steprl.types import Trajectory
 
 #: what a step saves beside its rollouts: advantages per turn and token, learned step rewards per turn
@@ -110,10 +108,55 @@ def _train(
     cleanup: contextlib.ExitStack,
     log: Callable[[str], None],
 ) -> TrainResult:
-    # ---- set-up: seeds, parts, the state to continue from, sinks ----------------------------
     # a signal stops the run: at once in a wait that only an env can end (the first reset, the
     # warm start's demonstrations, rollouts, evaluations), else after the current step
     stop = cleanup.enter_context(StopOnSignal())
+    parts, state, shuffle_rng = _set_up(cfg, envs, plan, cleanup, log, stop)
+    pipeline = start_pipeline(cfg, parts, parts.source, state, log)
+    cleanup.callback(pipeline.close)
+    evaluator = Evaluator(cfg, parts, pipeline, stop, FirstFailures(log))
+    # the warm start's evaluation comes before the clearing too: a signal in it (a stop before
+    # the first step) leaves an earlier run whole
+    warm_start = evaluator(0) if state.step == 0 else None
+    # every start-up check has passed (config, env, model, extras, loggers): only now is an
+    # earlier run's directory cleared, so a start that fails leaves it whole
+    run_dir = resume.make_run_dir(plan, cfg, log)
+    out = open_outputs(
+        cfg, run_dir, state.step, resumed=plan.resume_from is not None, cleanup=cleanup,
+        decode=parts.fmt.decode, log=log,
+    )  # fmt: skip
+    if warm_start is not None:
+        log_warm_start(cfg, parts, evaluator, out, warm_start, log)
+    warm, last_eval = evals_so_far(run_dir, state.step)
+    ring = parts.components.get("health:snapshots")  # what a health rollback restores
+    run = _Run(
+        cfg, parts, pipeline, stop, out, run_dir, evaluator, shuffle_rng, log, state,
+        settings=parts.controllers.current(),  # what the controllers set for the next step
+        ring=ring if isinstance(ring, SnapshotRing) else None,
+        resumed=plan.resume_from is not None,
+        saved_step=state.step if plan.resume_from is not None else -1,
+        last_eval=last_eval,
+    )  # fmt: skip
+    if run.ring is not None and not run.ring.steps:
+        run.ring.capture(state.step)
+
+    # ---- the RL loop ------------------------------------------------------------------------
+    with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
+        while run.state.step < cfg.trainer.total_steps and not stop.signal:
+            if not _one_step(run, progress):
+                break
+    return _wrap_up(run, warm)
+
+
+def _set_up(
+    cfg: Config,
+    envs: EnvPool,
+    plan: resume.RunDir,
+    cleanup: contextlib.ExitStack,
+    log: Callable[[str], None],
+    stop: StopOnSignal,
+) -> tuple[Parts, TrainState, torch.Generator]:
+    """Seeds, the parts, the state to continue from (a checkpoint's, or step 0's)."""
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.run.seed)
     # on CUDA, cuBLAS is deterministic only with a fixed workspace, read when its first handle is
@@ -132,126 +175,106 @@ def _train(
     for key, value in cfg.derived().items():
         log(f"  {key}: {value}")
     shuffle_rng = torch.Generator().manual_seed(cfg.run.seed)
-    if resume_from is not None:
-        state = resume.restore(parts, resume_from)
-        state.rng.restore(shuffle_rng)
-        log(f"resumed from {resume_from} at step {state.step} (policy version {state.policy_version})")
-    else:
-        state = TrainState(0, parts.engine.version, RngState.capture(shuffle_rng))
-    pipeline = start_pipeline(cfg, parts, parts.source, state, log)
-    cleanup.callback(pipeline.close)
-    held_out = eval_setup(parts)
+    if resume_from is None:
+        return parts, TrainState(0, parts.engine.version, RngState.capture(shuffle_rng)), shuffle_rng
+    state = resume.restore(parts, resume_from)
+    state.rng.restore(shuffle_rng)
+    log(f"resumed from {resume_from} at step {state.step} (policy version {state.policy_version})")
+    return parts, state, shuffle_rng
 
-    first_failures = FirstFailures(log)
 
-    def run_eval(step: int) -> tuple[dict[str, float], dict[str, float], list[Trajectory]]:
-        """eval/* metrics, how long the evaluation took (a hung env call ends at its deadline),
-        and the episodes. Every evaluation runs the same tasks with the same seeds."""
-        seed = seeds.eval_stream_seed(cfg.run.seed)
-        started = time.perf_counter()
-        with stop.interruptible():
-            metrics, trajectories = evaluate(
-                parts.eval_tasks, held_out, seed=seed, run=pipeline.producer.run, per_env=parts.envs.several
-            )
-        first_failures(trajectories, f"evaluation at step {step}")
-        return metrics, {"time/eval_s": time.perf_counter() - started}, trajectories
+@dataclass
+class _Run:
+    """What the loop carries from step to step: the run's live parts and where it stands."""
 
-    # the warm start's evaluation comes before the clearing too: a signal in it (a stop before
-    # the first step) leaves an earlier run whole
-    warm_start = run_eval(0) if state.step == 0 else None
-    # every start-up check has passed (config, env, model, extras, loggers): only now is an
-    # earlier run's directory cleared, so a start that fails leaves it whole
-    run_dir = resume.make_run_dir(plan, cfg, log)
-    out = open_outputs(
-        cfg,
-        run_dir,
-        state.step,
-        resumed=resume_from is not None,
-        cleanup=cleanup,
-        decode=parts.fmt.decode,
-        log=log,
-    )
-    if warm_start is not None:
-        warm, took, warm_episodes = warm_start
-        log(
-            f"warm start: {describe_eval(warm)} "
-            f"({len(parts.eval_tasks)} tasks, T={cfg.trainer.eval_temperature})"
-        )
-        warn_if_weak(cfg, warm_episodes, log)  # before RL: a warm start RL cannot lift
-        out.write(0, warm | took, [], evaluated=warm_episodes)
-        # a run that cannot evaluate stops now, not after its budget; a harness's system prompt
-        check_first_evaluation(cfg, held_out, parts.eval_tasks, warm, warm_episodes, log)
-    warm, last_eval = evals_so_far(run_dir, state.step)
-    history: list[dict[str, float]] = []
-    saved_step = state.step if resume_from is not None else -1
+    cfg: Config
+    parts: Parts
+    pipeline: Pipeline
+    stop: StopOnSignal
+    out: RunOutputs
+    run_dir: Path
+    evaluate: Evaluator
+    shuffle_rng: torch.Generator
+    log: Callable[[str], None]
+    state: TrainState
+    settings: Adjustments
+    ring: SnapshotRing | None
+    resumed: bool
+    saved_step: int  # the step of the newest checkpoint this process wrote or resumed (-1: none)
+    last_eval: dict[str, float]
     stopped: tuple[str, Path | None] | None = None  # a controller's stop: why, the checkpoint before it
-    settings = parts.controllers.current()  # what the controllers set for the next step
-    ring = parts.components.get("health:snapshots")  # what a health rollback restores
-    if isinstance(ring, SnapshotRing) and not ring.steps:
-        ring.capture(state.step)
+    history: list[dict[str, float]] = field(default_factory=list)
 
-    # ---- the RL loop ------------------------------------------------------------------------
-    with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
-        while state.step < cfg.trainer.total_steps and not stop.signal:
-            settings = health_run.apply_levers(cfg, parts.learner, settings)
-            try:
-                state, metrics, trajectories, (advantages, step_credit) = run_step(
-                    cfg, parts, pipeline, state, settings, shuffle_rng, log, waiting=stop.interruptible
-                )
-            except StopRequested:  # while rollouts ran: their tasks run again on resume
-                if state.step == 0 and resume_from is None:
-                    raise  # nothing trained yet: no checkpoint to resume from
-                break
-            step = state.step
-            first_failures(trajectories, f"step {step}")
-            every = cfg.trainer.eval_every
-            evaluated: list[Trajectory] | None = None
-            if step == cfg.trainer.total_steps or (every and step % every == 0):
-                with contextlib.suppress(StopRequested):  # the step is kept, its evaluation not
-                    last_eval, took, evaluated = run_eval(step)
-                    metrics.update(last_eval | took)
-            # the one place a step's results change the next ones: the controllers' adjustments
-            metrics |= health_run.probe(cfg, parts.learner, step, trajectories)
-            settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
-            metrics |= settings.metrics  # health/* signals
-            version, firings = health_run.carry_out(
-                parts, settings, step, state.policy_version, pipeline, log
-            )
-            state = dataclasses.replace(state, policy_version=version)  # a rollback publishes anew
-            health_run.write_log(run_dir, firings)
-            if settings.stop is not None and evaluated is None:  # a rule's stop is the run's end:
-                with contextlib.suppress(StopRequested):  # where it stopped, measured as at the end
-                    last_eval, took, evaluated = run_eval(step)
-                    metrics.update(last_eval | took)
-            out.write(
-                step,
-                metrics,
-                trajectories,
-                advantages=advantages,
-                step_credit=step_credit,
-                evaluated=evaluated,
-            )
-            history.append(metrics)
-            progress.update(step, metrics)
-            if settings.stop is not None:  # as a signal: saved below, the last good checkpoint kept
-                stopped = (settings.stop, resume.latest_checkpoint(run_dir))
-                break
-            if isinstance(ring, SnapshotRing):  # after a rollback: the restored weights, no tasks
-                rolled_back = settings.once is not None and settings.once.rollback
-                ring.capture(step, () if rolled_back else pipeline.step_tasks)
-            if settings.once is not None and settings.once.snapshot:  # a health rule's snapshot
-                log(f"health snapshot: {resume.save(parts, state, run_dir, cfg)}")
-                saved_step = step
-            if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
-                resume.save(parts, state, run_dir, cfg)
-                saved_step = step
 
-    # ---- wrap up: checkpoint, curve (an interrupt or a stop: checkpoint, then stop non-zero) --
+def _one_step(run: _Run, progress: TrainingProgress) -> bool:
+    """One RL step, its evaluation, the controllers' say and its outputs; False: the loop ends
+    (a signal while rollouts ran, or a controller's stop)."""
+    cfg, parts, pipeline = run.cfg, run.parts, run.pipeline
+    run.settings = health_run.apply_levers(cfg, parts.learner, run.settings)
+    try:
+        run.state, metrics, trajectories, (advantages, step_credit) = run_step(
+            cfg,
+            parts,
+            pipeline,
+            run.state,
+            run.settings,
+            run.shuffle_rng,
+            run.log,
+            waiting=run.stop.interruptible,
+        )
+    except StopRequested:  # while rollouts ran: their tasks run again on resume
+        if run.state.step == 0 and not run.resumed:
+            raise  # nothing trained yet: no checkpoint to resume from
+        return False
+    step = run.state.step
+    run.evaluate.first_failures(trajectories, f"step {step}")
+    every = cfg.trainer.eval_every
+    evaluated: list[Trajectory] | None = None
+    if step == cfg.trainer.total_steps or (every and step % every == 0):
+        with contextlib.suppress(StopRequested):  # the step is kept, its evaluation not
+            run.last_eval, took, evaluated = run.evaluate(step)
+            metrics.update(run.last_eval | took)
+    # the one place a step's results change the next ones: the controllers' adjustments
+    metrics |= health_run.probe(cfg, parts.learner, step, trajectories)
+    run.settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
+    metrics |= run.settings.metrics  # health/* signals
+    version, firings = health_run.carry_out(
+        parts, run.settings, step, run.state.policy_version, pipeline, run.log
+    )
+    run.state = dataclasses.replace(run.state, policy_version=version)  # a rollback publishes anew
+    health_run.write_log(run.run_dir, firings)
+    if run.settings.stop is not None and evaluated is None:  # a rule's stop is the run's end:
+        with contextlib.suppress(StopRequested):  # where it stopped, measured as at the end
+            run.last_eval, took, evaluated = run.evaluate(step)
+            metrics.update(run.last_eval | took)
+    run.out.write(
+        step, metrics, trajectories, advantages=advantages, step_credit=step_credit, evaluated=evaluated
+    )
+    run.history.append(metrics)
+    progress.update(step, metrics)
+    if run.settings.stop is not None:  # as a signal: saved below, the last good checkpoint kept
+        run.stopped = (run.settings.stop, resume.latest_checkpoint(run.run_dir))
+        return False
+    if run.ring is not None:  # after a rollback: the restored weights, no tasks
+        rolled_back = run.settings.once is not None and run.settings.once.rollback
+        run.ring.capture(step, () if rolled_back else pipeline.step_tasks)
+    if run.settings.once is not None and run.settings.once.snapshot:  # a health rule's snapshot
+        run.log(f"health snapshot: {resume.save(parts, run.state, run.run_dir, cfg)}")
+        run.saved_step = step
+    if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
+        resume.save(parts, run.state, run.run_dir, cfg)
+        run.saved_step = step
+    return True
+
+
+def _wrap_up(run: _Run, warm: dict[str, float]) -> TrainResult:
+    """Checkpoint, curve, report (an interrupt or a stop: checkpoint, then stop non-zero)."""
+    cfg, parts, state, run_dir, log = run.cfg, run.parts, run.state, run.run_dir, run.log
     if state.pending:  # admitted ahead (rollout.max_staleness > 0), never trained: say so
         log(describe_pending(state.pending))
-    if saved_step != state.step:  # a stop's save removes no older checkpoint (the last good one)
-        resume.save(parts, state, run_dir, cfg, keep_all=stopped is not None)
-    out.metrics.close()
+    if run.saved_step != state.step:  # a stop's save removes no older checkpoint (the last good one)
+        resume.save(parts, state, run_dir, cfg, keep_all=run.stopped is not None)
+    run.out.metrics.close()
     try:
         plot_learning_curve(run_dir / "metrics.jsonl", run_dir / "learning_curve.png")
     except (OSError, OutputWriteError) as exc:  # all else is saved: a missing picture is no reason to fail
@@ -260,8 +283,8 @@ def _train(
         log(f"report: {write_report(run_dir, decode=parts.policy.tokenizer.decode).path}")
     except Exception as exc:
         log(f"WARNING: no report written ({type(exc).__name__}: {exc}); try: steprl report {run_dir}")
-    if stopped is not None:
-        reason, before = stopped
+    if run.stopped is not None:
+        reason, before = run.stopped
         kept = (
             f"the last good checkpoint is {before}"
             if before
@@ -271,12 +294,12 @@ def _train(
             f"{reason}; its checkpoint and outputs saved in {run_dir} ({kept}); "
             f"resume with: {resume.resume_command(run_dir)}"
         )
-    if stop.signal:
+    if run.stop.signal:
         raise RunInterrupted(
-            f"interrupted ({stop.signal}) at step {state.step}; checkpoint and outputs saved in {run_dir}; "
-            f"resume with: {resume.resume_command(run_dir)}"
+            f"interrupted ({run.stop.signal}) at step {state.step}; checkpoint and outputs saved in "
+            f"{run_dir}; resume with: {resume.resume_command(run_dir)}"
         )
-    return TrainResult(run_dir, warm, last_eval, history)
+    return TrainResult(run_dir, warm, run.last_eval, run.history)
 
 
 def start_pipeline(
@@ -374,7 +397,7 @@ def run_step(
         stats |= parts.step_credit.fit(batch.credit[0], step)
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
     if batch.rows:
-        pipeline.publish(parts.learner.weights(), version)
+        pipeline.publish(parts.learner.weights(version), version)
     state = TrainState(
         step=step,
         policy_version=version,
@@ -419,13 +442,4 @@ def step_metrics(
     }
 
 
-def describe_eval(m: dict[str, float]) -> str:
-    """One line for an evaluation; one that mostly failed in the infrastructure says so instead
-    of reporting a success rate over episodes that never ran."""
-    failed, n = int(m.get("eval/infra_failed", 0) + m.get("eval/env_timeout", 0)), int(m.get("eval/tasks", 0))
-    if n and failed * 2 > n:
-        return f"eval failed: {failed}/{n} episodes infra_failed"
-    return f"held-out success {m['eval/success']:.3f}, tool-call rate {m['eval/tool_call_rate']:.3f}"
-
-
-__all__ = ["TrainResult", "describe_eval", "run_step", "start_pipeline", "train"]
+__all__ = ["TrainResult", "run_step", "start_pipeline", "train"]

@@ -1,0 +1,76 @@
+"""How a `WeightUpdate` crosses from the learner to the engines: `WEIGHT_SYNC`, one file per
+transport plus one entry here, each checked by `check_weight_sync` in the tests.
+
+A transport turns an update into a handle on the sender's side (`send`: what must cross a
+process boundary, picklable where it must be) and back into an update on the receiver's
+(`receive`: the buckets, read in order, one at a time where the medium allows); the receiver's
+`Receiver` checks the stream whatever carried it. `release` frees what `send` made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from steprl.engines.transports.files import SafetensorsFiles
+from steprl.engines.transports.inprocess import InProcess
+from steprl.engines.transports.ray_store import RayObjectStore
+from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, load_in_place
+
+
+class Transport(Protocol):
+    def send(self, update: WeightUpdate) -> Any: ...
+
+    def receive(self, handle: Any) -> WeightUpdate: ...
+
+    def release(self, handle: Any) -> None: ...
+
+
+#: name -> a transport, given a scratch directory it may write under
+WEIGHT_SYNC: dict[str, Callable[[Path], Transport]] = {
+    "inprocess": lambda _: InProcess(),  # the HF engine beside the learner
+    "ray": lambda _: RayObjectStore(),  # Ray rollout workers (runtime.rollout_workers)
+    "files": SafetensorsFiles,  # the vLLM worker process (rollout.engine: vllm)
+}
+
+
+def check_weight_sync(transport: Transport, sender: torch.nn.Module, receiver: torch.nn.Module) -> int:
+    """`receiver` ends bit-identical to `sender` through `transport` (in buckets small enough
+    that there are several), and a stream with a bucket lost, or two swapped, is refused with
+    a `WeightSyncError`. Returns how many buckets the update took."""
+    own = sender.state_dict()
+    smallest = min(t.numel() * t.element_size() for t in own.values())
+    update = WeightUpdate.of_tensors(own, version=7, bucket_bytes=max(smallest, 1))
+    handle = transport.send(update)
+    try:
+        got = transport.receive(handle)
+        assert got.version == 7 and got.names == update.names, (got.version, got.names[:3])
+        load_in_place(receiver, got)
+        theirs = receiver.state_dict()
+        for name, tensor in own.items():
+            assert torch.equal(theirs[name], tensor), f"{name} differs after the transport"
+        buckets = list(transport.receive(handle).produce())
+        assert len(buckets) >= 3, f"{len(buckets)} buckets: too few to lose one in the middle"
+        for broken, why in (
+            ([buckets[0], *buckets[2:]], "lost"),
+            ([buckets[1], buckets[0], *buckets[2:]], "swapped"),
+            (buckets[:-1], "the last lost"),
+        ):
+            try:
+                load_in_place(receiver, _replay(got, broken))
+            except WeightSyncError:
+                continue
+            raise AssertionError(f"a stream with a bucket {why} was accepted")
+        return len(buckets)
+    finally:
+        transport.release(handle)
+
+
+def _replay(update: WeightUpdate, buckets: list[Bucket]) -> WeightUpdate:
+    return WeightUpdate(update.version, update.names, lambda: iter(buckets))
+
+
+__all__ = ["WEIGHT_SYNC", "Transport", "check_weight_sync"]

@@ -1,0 +1,47 @@
+"""Ray's object store: each bucket `ray.put` once (on CPU), the handle a list of references
+that Ray rollout workers read in order, one bucket in memory at a time. Nothing is pickled
+twice: a worker rebuilt later reads the same objects (`RayRolloutPool` keeps the handles its
+replay needs, and releases them when they leave it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from steprl.engines.weights import Bucket, WeightUpdate
+
+
+@dataclass(frozen=True)
+class RayHandle:
+    version: int
+    names: tuple[str, ...]
+    buckets: tuple[Any, ...]  # ray.ObjectRef of each Bucket, in order
+    adapter: Any = None  # ray.ObjectRef of an AdapterUpdate (LoRA)
+
+
+class RayObjectStore:
+    """Needs a running Ray (`ray.init`) in the sender and the receivers."""
+
+    def send(self, update: WeightUpdate) -> RayHandle:
+        import ray
+
+        if update.adapter is not None:
+            return RayHandle(update.version, (), (), ray.put(update.adapter.to("cpu")))
+        refs = tuple(
+            ray.put(Bucket(b.version, b.index, b.count, {k: v.detach().cpu() for k, v in b.tensors.items()}))
+            for b in update.buckets()
+        )
+        return RayHandle(update.version, update.names, refs)
+
+    def receive(self, handle: RayHandle) -> WeightUpdate:
+        import ray
+
+        if handle.adapter is not None:
+            return WeightUpdate.of_adapter(ray.get(handle.adapter), handle.version)
+        return WeightUpdate(handle.version, handle.names, lambda: (ray.get(r) for r in handle.buckets))
+
+    def release(self, handle: RayHandle) -> None:
+        """The objects go when no reference is left (Ray's reference counting): drop ours."""
+
+
+__all__ = ["RayHandle", "RayObjectStore"]

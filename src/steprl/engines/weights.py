@@ -1,0 +1,186 @@
+"""A policy version on its way from the learner to the engines: `WeightUpdate`.
+
+Full weights travel as named buckets of bounded size (`BUCKET_BYTES`), produced as they are
+consumed: the learner hands out views of its own tensors, and an engine in the same process
+copies each bucket into its model in place, so no second full copy of the weights exists
+beyond the engine's own (the dict of clones this replaces was one per version). A LoRA update
+is the adapters, whole (they are small). Every receiver checks the stream: buckets of one
+version, each index once and in order, every name exactly once; a bucket lost, repeated or
+reordered is a `WeightSyncError` naming it, never a model with some tensors of the old version.
+How buckets cross a process boundary (Ray's object store, files) is a transport:
+`training/weight_sync.py: WEIGHT_SYNC`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from steprl.engines import lora_merge
+from steprl.engines.lora_merge import AdapterUpdate, LoraMerger
+
+#: the most tensor bytes in one bucket (a tensor larger than this travels alone): big enough
+#: that a bucket's fixed cost is small, small enough that a transport never holds a model
+BUCKET_BYTES = 256 * 2**20
+
+
+class WeightSyncError(RuntimeError):
+    """A weight update arrived incomplete or out of order: the engine must not serve it."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Bucket `index` of `count` of policy `version`: full tensors by name (on any device)."""
+
+    version: int
+    index: int
+    count: int
+    tensors: Mapping[str, torch.Tensor]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """Policy `version`: full tensors (`names`, in buckets from `produce`) or a LoRA `adapter`."""
+
+    version: int
+    names: tuple[str, ...] = ()
+    produce: Callable[[], Iterable[Bucket]] = field(default=lambda: (), repr=False)
+    adapter: AdapterUpdate | None = None
+
+    @staticmethod
+    def of_tensors(
+        named: Mapping[str, torch.Tensor], version: int, bucket_bytes: int = BUCKET_BYTES
+    ) -> WeightUpdate:
+        """Buckets over `named` as they are when consumed (views: nothing is copied here)."""
+        plan = plan_buckets({k: v.numel() * v.element_size() for k, v in named.items()}, bucket_bytes)
+
+        def produce() -> Iterator[Bucket]:
+            for i, names in enumerate(plan):
+                yield Bucket(version, i, len(plan), {n: named[n].detach() for n in names})
+
+        return WeightUpdate(version, tuple(named), produce)
+
+    @staticmethod
+    def of_adapter(adapter: AdapterUpdate, version: int) -> WeightUpdate:
+        return WeightUpdate(version, adapter=adapter)
+
+    def buckets(self) -> Iterator[Bucket]:
+        """The buckets, checked in order as they come (`Receiver`)."""
+        receiver = Receiver(self.version, self.names)
+        for bucket in self.produce():
+            receiver.take(bucket)
+            yield bucket
+        receiver.finish()
+
+    def full(self) -> dict[str, torch.Tensor]:
+        """Every tensor, copied (a test's or a file writer's view; engines load bucket by bucket)."""
+        return {k: v.detach().clone() for b in self.buckets() for k, v in b.tensors.items()}
+
+
+def plan_buckets(sizes: Mapping[str, int], bucket_bytes: int) -> list[tuple[str, ...]]:
+    """Names in order, cut into runs of at most `bucket_bytes` (a larger tensor alone)."""
+    plan: list[tuple[str, ...]] = []
+    run: list[str] = []
+    used = 0
+    for name, size in sizes.items():
+        if run and used + size > bucket_bytes:
+            plan.append(tuple(run))
+            run, used = [], 0
+        run.append(name)
+        used += size
+    if run:
+        plan.append(tuple(run))
+    return plan
+
+
+class Receiver:
+    """Checks one version's bucket stream: raises `WeightSyncError` at the first wrong bucket."""
+
+    def __init__(self, version: int, names: tuple[str, ...]) -> None:
+        self.version, self.expected = version, set(names)
+        self.seen: set[str] = set()
+        self.next_index: int = 0
+        self.count: int | None = None
+
+    def take(self, bucket: Bucket) -> None:
+        where = f"bucket {bucket.index} of {bucket.count} of version {bucket.version}"
+        if bucket.version != self.version:
+            raise WeightSyncError(f"{where} arrived in the update to version {self.version}")
+        if bucket.index != self.next_index or (self.count is not None and bucket.count != self.count):
+            raise WeightSyncError(
+                f"{where} arrived where bucket {self.next_index} was due: a bucket was lost or reordered"
+            )
+        names = set(bucket.tensors)
+        if names & self.seen or names - self.expected:
+            raise WeightSyncError(
+                f"{where} repeats or adds tensors: {sorted(names & self.seen or names - self.expected)[:3]}"
+            )
+        self.seen |= names
+        self.next_index, self.count = self.next_index + 1, bucket.count
+
+    def finish(self) -> None:
+        missing = self.expected - self.seen
+        if missing or (self.count is not None and self.next_index != self.count):
+            raise WeightSyncError(
+                f"the update to version {self.version} ended after {self.next_index} of "
+                f"{self.count} buckets, {len(missing)} tensors missing (e.g. {sorted(missing)[:2]})"
+            )
+
+
+def load_in_place(model: torch.nn.Module, update: WeightUpdate) -> None:
+    """Copy a full update into `model`'s tensors, bucket by bucket (shapes must match)."""
+    own = model.state_dict()  # tensors sharing the model's storage
+    unknown = set(update.names) - set(own)
+    if unknown:
+        raise WeightSyncError(
+            f"the update to version {update.version} names tensors this model lacks: {sorted(unknown)[:3]}"
+        )
+    with torch.no_grad():
+        for bucket in update.buckets():
+            for name, tensor in bucket.tensors.items():
+                own[name].copy_(tensor)
+
+
+#: what an engine's `update_weights` takes
+AnyUpdate = WeightUpdate | Mapping[str, torch.Tensor] | AdapterUpdate
+
+
+def as_update(update: AnyUpdate, version: int) -> WeightUpdate:
+    """Any accepted form as a `WeightUpdate` of `version` (a state dict's tensors as views)."""
+    if isinstance(update, WeightUpdate):
+        return update
+    if isinstance(update, AdapterUpdate):
+        return WeightUpdate.of_adapter(update, version)
+    return WeightUpdate.of_tensors(update, version)
+
+
+def load_update(model: torch.nn.Module, update: AnyUpdate, merger: LoraMerger | None) -> LoraMerger | None:
+    """New weights into an engine's plain `model`: full tensors copied in place (no merger after
+    them: later adapters merge into these), a LoRA adapter merged from W0 by `merger` (made at
+    the first one). Returns the merger the engine keeps. (A plain state dict is still taken:
+    a test's, or a caller's that built one.)"""
+    if isinstance(update, WeightUpdate):
+        if update.adapter is not None:
+            return lora_merge.load_update(model, update.adapter, merger)
+        load_in_place(model, update)
+        return None
+    return lora_merge.load_update(model, update, merger)
+
+
+__all__ = [
+    "BUCKET_BYTES",
+    "AnyUpdate",
+    "Bucket",
+    "Receiver",
+    "WeightSyncError",
+    "WeightUpdate",
+    "as_update",
+    "load_in_place",
+    "load_update",
+    "plan_buckets",
+]
