@@ -37,8 +37,6 @@ from steprl.algorithms import (
     estimators,
     filters,
 )
-
-# the run, model and env sections live in config_sections; importable from here as before
 from steprl.config_health import HealthSection, health_value
 from steprl.config_sections import (
     CrossPolicySection,
@@ -62,6 +60,9 @@ from steprl.config_values import (
     parse_override,
     read_yaml,
 )
+
+# the run, model and env sections live in config_sections; importable from here as before
+from steprl.engines.registry import ENGINES
 
 #: trajectories per RL step (group_size x tasks_per_step): a step holds all of them in memory
 MAX_PER_STEP = 262_144
@@ -130,9 +131,10 @@ class RolloutSection(Section):
                 "rollout.top_p must be 1.0 with rollout.engine=vllm: vLLM reports log-probs after top-p "
                 "truncation, the learner recomputes untruncated ones"
             )
-        if self.engine == "vllm" and self.cross_policy is not None:
+        if self.cross_policy is not None and not ENGINES[self.engine].cross_policy:
             raise ValueError(
-                "rollout.cross_policy needs rollout.engine=hf (the snapshots are HF engine copies)"
+                f"rollout.cross_policy needs an engine that holds past versions' weights, not "
+                f"rollout.engine={self.engine}: use rollout.engine=hf"
             )
         return self
 

@@ -49,3 +49,26 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, state_dict: AnyUpdate, version: int) -> None: ...
+
+
+class ServingEngine(Engine, Protocol):
+    """An engine a run serves its policy with (`registry.py: ENGINES`): the agent loop's
+    `Engine`, plus what the trainer, `steprl eval` and `serve-policy` ask of it."""
+
+    @property
+    def snapshots(self) -> object | None:
+        """Past versions' weights held for cross-policy sampling (`snapshots.py`), or None."""
+        ...
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions (prompt + completion) it can hold, when fewer than the model's."""
+        ...
+
+    def reset_scheduler(self) -> None:
+        """Forget queued requests (the event loop that made them is closing)."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (a worker process, files); idempotent."""
+        ...

@@ -177,6 +177,12 @@ class HFEngine:
             self.snapshots.load_state_dict(state, self.model)
         self._version = int(state["version"])
 
+    #: the model's own positions bound it (an HF engine holds what the model holds)
+    max_positions: int | None = None
+
+    def close(self) -> None:
+        """Nothing to release: the model is this process's."""
+
     def reset_scheduler(self) -> None:
         """Forget queued requests and the scheduler task (their event loop is being closed)."""
         self._queue = []

@@ -78,6 +78,7 @@ class VLLMEngine:
                 f"rollout.engine=vllm: vLLM on CPU needs an attention head_dim of 32 or more, this model's "
                 f"is {head_dim}; for the tiny model raise model.tiny.hidden_size / num_heads (e.g. 64 / 2)"
             )
+        self.max_positions: int | None = max_model_len
         self.model = model
         self._version = 0
         self._lora: LoraMerger | None = None

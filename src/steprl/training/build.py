@@ -179,8 +179,7 @@ def build(
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
     engine = engine_for(cfg, engine_model, policy.tokenizer)
-    if hasattr(engine, "close"):  # a vLLM engine's worker process
-        cleanup.callback(engine.close)
+    cleanup.callback(engine.close)  # a vLLM engine's worker process
     algo = cfg.algorithm
     ref_model = _reference(cfg, policy.model)
     value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None

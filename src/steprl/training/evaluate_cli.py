@@ -45,8 +45,7 @@ def evaluate_checkpoint(
     engine = engine_for(cfg, model, tokenizer)  # the run's engine settings, as in training
     fmt = env_setup.prompt_format(cfg, tokenizer)
     with contextlib.ExitStack() as stack, env_setup.env_pool(cfg) as envs:
-        if hasattr(engine, "close"):  # a vLLM engine's worker process
-            stack.callback(engine.close)
+        stack.callback(engine.close)  # a vLLM engine's worker process
         run = env_setup.run_envs(cfg)
         setup = rollout_setup(cfg, engine, fmt, envs, SamplingParams(temperature=temperature), run)
         held_out = eval_tasks(cfg, run, cfg.trainer.eval_tasks if tasks is None else tasks)

@@ -13,6 +13,7 @@ import torch
 
 from steprl.config import Config
 from steprl.engines.hf import EngineSettings, HFEngine
+from steprl.engines.registry import ENGINES, EngineArgs
 from steprl.engines.snapshots import CrossPolicy
 from steprl.models.sources import DTYPES
 from steprl.rollout.chat import PromptFormat
@@ -41,28 +42,20 @@ def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
     """An engine serving `model` with the run's settings, on `model.device`, in `model.engine_dtype`
     (e.g. bf16 generation, 2.2x faster on CPU, for an fp32 learner; "auto" keeps `model`'s
     dtype). The engine takes `model` itself (moved and cast in place), not a copy.
-    `rollout.engine: vllm`: a `VLLMEngine` (typed as the HF engine's interface the run uses:
-    generate, update_weights, version, reset_scheduler, close)."""
+    `rollout.engine` picks the entry of `ENGINES` (a `VLLMEngine` is typed as the HF engine's
+    interface the run uses: the `ServingEngine` protocol)."""
     if cfg.model.engine_dtype != "auto":
         model = model.to(DTYPES[cfg.model.engine_dtype])
-    if cfg.rollout.engine == "vllm":
-        from steprl.engines.vllm_engine import VLLMEngine
-
-        vllm: Any = VLLMEngine(
-            model,
-            tokenizer,
-            python=cfg.rollout.vllm_python,
-            max_model_len=cfg.rollout.max_total_tokens,
-            seed=cfg.run.seed,
-        )
-        return vllm
-    return HFEngine.with_settings(
+    args = EngineArgs(
         model,
+        tokenizer,
         engine_settings(cfg),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         device=cfg.model.device,
+        max_positions=cfg.rollout.max_total_tokens,
+        vllm_python=cfg.rollout.vllm_python,
     )
+    engine: Any = ENGINES[cfg.rollout.engine].make(args)
+    return engine
 
 
 class SnapshotState:

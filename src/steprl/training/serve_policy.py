@@ -59,10 +59,8 @@ def build_gateway(cfg: Config, log: Callable[[str], None] = print) -> Gateway:
         )
     # prompt + completion must fit the positions the model has (a vLLM engine holds fewer)
     context = int(policy.model.config.max_position_embeddings)
-    if cfg.rollout.engine == "vllm":
-        context = min(context, cfg.rollout.max_total_tokens)
     engine = engine_for(cfg, policy.model, policy.tokenizer)
-    return Gateway(engine, fmt, cfg.model.name, context=context)
+    return Gateway(engine, fmt, cfg.model.name, context=min(context, engine.max_positions or context))
 
 
 def server_config(gateway: Gateway, token: str, port: int) -> Any:

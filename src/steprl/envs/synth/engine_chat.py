@@ -147,16 +147,12 @@ def _load(engine: str, model: str, chat_template: str, dtype: str, vllm_python: 
     )
     tok = loaded.tokenizer
     positions = int(getattr(loaded.model.config, "max_position_embeddings", 2048) or 2048)
-    if engine == "vllm":
-        from steprl.engines.vllm_engine import VLLMEngine
+    from steprl.engines.registry import ENGINES, EngineArgs
 
-        positions = min(positions, 4096)
-        python = str(Path(vllm_python).expanduser().absolute())  # the worker runs in a directory of its own
-        served: Any = VLLMEngine(loaded.model, tok, python=python, max_model_len=positions)
-    else:
-        from steprl.engines.hf import HFEngine
-
-        served = HFEngine(loaded.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    python = str(Path(vllm_python).expanduser().absolute())  # the worker runs in a directory of its own
+    args = EngineArgs(loaded.model, tok, max_positions=min(positions, 4096), vllm_python=python)
+    served: Any = ENGINES[engine].make(args)
+    positions = served.max_positions or positions  # an engine that holds fewer (vLLM: 4096 here)
     return _Served(served, tok, positions, f"{model} on engine {engine}")
 
 
