@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from steprl.rollout.context import ContextRule
 from steprl.types import Trajectory
 
 T = TypeVar("T")
@@ -122,3 +123,35 @@ def training_view(traj: Trajectory, traj_index: int) -> list[Sample]:
     `packed_view` says so."""
     branched = "gateway_calls" in traj.info and not extends_throughout(traj)
     return per_step_view(traj, traj_index) if branched else [packed_view(traj, traj_index)]
+
+
+def check_context_rule(rule: ContextRule, trajectories: Sequence[Trajectory]) -> int:
+    """What every context rule must give the learner: each trained token sits after exactly the
+    prompt the engine was shown for it (`Step.prompt_ids`), with the engine's log-prob, in the
+    rows the run trains (`training_view` for an append-only rule, one row per step otherwise);
+    an append-only rule's prompts extend the context throughout. Returns the rows checked."""
+    rows = 0
+    for k, traj in enumerate(trajectories):
+        if rule.append_only:
+            assert extends_throughout(traj), f"trajectory {k}: an append-only rule's prompt did not extend"
+        views = training_view(traj, k) if rule.append_only else per_step_view(traj, k)
+        for row in views:
+            rows += 1
+            for i, step in enumerate(traj.steps):
+                at = [t for t, s in enumerate(row.token_step) if s == i]
+                if not at:
+                    continue
+                start = at[0]
+                assert row.input_ids[:start] == step.prompt_ids, (
+                    f"trajectory {k} step {i}: trained after another prompt"
+                )
+                assert row.input_ids[start : start + len(at)] == step.action_ids, (
+                    f"trajectory {k} step {i}: action"
+                )
+                assert all(row.loss_mask[t] for t in at), (
+                    f"trajectory {k} step {i}: action tokens off the mask"
+                )
+                assert tuple(row.old_logprobs[t] for t in at) == step.action_logprobs, f"step {i}: log-probs"
+            trained = sum(row.loss_mask)
+            assert trained == sum(1 for s in row.token_step if s >= 0), "a masked token of no step"
+    return rows

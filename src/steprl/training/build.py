@@ -34,7 +34,7 @@ from steprl.training import env_setup, step_rewards
 from steprl.training.batching import packing_unsupported
 from steprl.training.components import Stateful
 from steprl.training.controllers import Controllers
-from steprl.training.critic import SeparateCritic, SharedCritic, ValueHead
+from steprl.training.critic import CRITICS, Critic, CriticArgs, ValueHead
 from steprl.training.health_snapshots import ring_for
 from steprl.training.learner import LocalLearner, Regularizers
 from steprl.training.learner_protocol import Learner
@@ -59,7 +59,7 @@ class Parts:
     engine: HFEngine
     remote: Any  # RayRolloutPool | None: the agent loop on Ray rollout workers
     learner: Learner
-    critic: SeparateCritic | SharedCritic | None
+    critic: Critic | None
     ref_model: torch.nn.Module | None  # the KL reference (LoRA: the base, adapters off)
     setup: RolloutSetup  # in-process rollouts (training/producers.py runs them on a thread)
     advantage_fn: Callable[..., Any]
@@ -182,7 +182,8 @@ def build(
     cleanup.callback(engine.close)  # a vLLM engine's worker process
     algo = cfg.algorithm
     ref_model = _reference(cfg, policy.model)
-    value_head = ValueHead(int(policy.model.config.hidden_size)) if algo.critic == "shared" else None
+    shares_head = algo.critic != "none" and CRITICS[algo.critic].shares_head
+    value_head = ValueHead(int(policy.model.config.hidden_size)) if shares_head else None
     pack = _pack_rows(cfg, policy.model, log)
     learner = _make_learner(cfg, policy, ref_model, value_head, pack)
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
@@ -278,24 +279,20 @@ def _make_learner(
     )
 
 
-def _make_critic(
-    cfg: Config, policy: Policy, value_head: ValueHead | None
-) -> SeparateCritic | SharedCritic | None:
-    algo, pad_id = cfg.algorithm, policy.tokenizer.pad_token_id
-    if algo.critic == "separate":
-        return SeparateCritic(
-            policy.model,
-            lr=algo.critic_lr,
-            value_clip=algo.value_clip,
-            grad_clip=cfg.trainer.grad_clip,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            pad_id=pad_id,
-        )
-    if value_head is not None:
-        return SharedCritic(
-            policy.model, value_head, micro_batch_size=cfg.trainer.micro_batch_size, pad_id=pad_id
-        )
-    return None
+def _make_critic(cfg: Config, policy: Policy, value_head: ValueHead | None) -> Critic | None:
+    algo = cfg.algorithm
+    if algo.critic == "none":
+        return None
+    args = CriticArgs(
+        policy.model,
+        value_head,
+        lr=algo.critic_lr,
+        value_clip=algo.value_clip,
+        grad_clip=cfg.trainer.grad_clip,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        pad_id=policy.tokenizer.pad_token_id,
+    )
+    return CRITICS[algo.critic].make(args)
 
 
 def _make_step_credit(cfg: Config, policy: Policy, ref_model: torch.nn.Module | None) -> StepCredit | None:

@@ -10,8 +10,9 @@ Two forms, picked by `algorithm.critic`:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -64,6 +65,30 @@ def per_token_values(
     return out
 
 
+@runtime_checkable
+class Critic(Protocol):
+    """V(prefix) per position, trained by `update` (a run component: its state is checkpointed
+    under the name `critic`)."""
+
+    def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
+        """Target-aligned values per sample: entry t is V of the prefix that predicts token t+1."""
+        ...
+
+    def update(
+        self,
+        samples: Sequence[Sample],
+        old_values: Sequence[Sequence[float]],
+        *,
+        epochs: int,
+        mini_batches: int,
+        generator: torch.Generator,
+    ) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
 class SeparateCritic:
     """A value model of its own: backbone copied from the policy, scalar head, AdamW."""
 
@@ -89,6 +114,19 @@ class SeparateCritic:
 
     def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
         return per_token_values(self.model, self.head, samples, self.pad_id, self.micro_batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its own backbone, head and optimizer."""
+        return {
+            "model": self.model.state_dict(),
+            "head": self.head.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def update(
         self,
@@ -144,15 +182,73 @@ class SharedCritic:
         return per_token_values(self.policy, self.head, samples, self.pad_id, self.micro_batch_size)
 
     def update(
-        self,
-        samples: Sequence[Sample],
-        old_values: Sequence[Sequence[float]],
-        *,
-        epochs: int,
-        mini_batches: int,
-        generator: torch.Generator,
+        self, samples: Sequence[Sample], old_values: Sequence[Sequence[float]], **_: Any
     ) -> dict[str, float]:
-        return {}
+        return {}  # the learner trains the head with the policy
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # the head is the learner's (its checkpoint holds it)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class CriticArgs:
+    """What any critic is made from."""
+
+    policy: nn.Module  # the policy model (a separate critic copies its backbone)
+    value_head: ValueHead | None  # the learner's shared head (`CriticSpec.shares_head`)
+    lr: float
+    value_clip: float | None
+    grad_clip: float
+    micro_batch_size: int
+    pad_id: int
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    make: Callable[[CriticArgs], Critic]
+    shares_head: bool  # True: the learner holds a value head and trains it (vf_coef)
+    about: str
+
+
+def _separate(a: CriticArgs) -> Critic:
+    return SeparateCritic(
+        a.policy,
+        lr=a.lr,
+        value_clip=a.value_clip,
+        grad_clip=a.grad_clip,
+        micro_batch_size=a.micro_batch_size,
+        pad_id=a.pad_id,
+    )
+
+
+def _shared(a: CriticArgs) -> Critic:
+    assert a.value_head is not None, "a shared critic reads the learner's value head"
+    return SharedCritic(a.policy, a.value_head, micro_batch_size=a.micro_batch_size, pad_id=a.pad_id)
+
+
+#: `algorithm.critic` (besides "none"): one entry per kind, `check_critic` run over each
+CRITICS: dict[str, CriticSpec] = {
+    "separate": CriticSpec(_separate, False, "its own backbone (a copy of the policy's), head and AdamW"),
+    "shared": CriticSpec(_shared, True, "a head on the policy's hidden states, trained with the policy"),
+}
+
+
+def check_critic(critic: Critic, samples: Sequence[Sample]) -> None:
+    """Values are target-aligned (one per position but the last); a state round trip restores
+    them exactly; `update` returns float stats."""
+    assert isinstance(critic, Critic), f"{type(critic).__name__} does not implement Critic"
+    values = critic.values(samples)
+    assert [len(v) for v in values] == [len(s.input_ids) - 1 for s in samples], "values not target-aligned"
+    saved = copy.deepcopy(critic.state_dict())
+    stats = critic.update(
+        samples, values, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(0)
+    )
+    assert all(isinstance(v, float) for v in stats.values()), stats
+    critic.load_state_dict(saved)
+    assert critic.values(samples) == values, "load_state_dict(state_dict()) did not restore the values"
 
 
 def collate_values(rows: Sequence[Sequence[float]], shape: torch.Size) -> torch.Tensor:

@@ -224,21 +224,13 @@ def check_config_change(cfg: Config, checkpoint: Path) -> None:
 
 def checkpoint_state(parts: Parts, state: TrainState) -> dict[str, Any]:
     """What state.pt holds besides the HF-format policy (which `steprl eval` reads)."""
-    critic = parts.critic
-    out: dict[str, Any] = {
+    critic = parts.critic.state_dict() if parts.critic is not None else None
+    return {
         **parts.learner.state_dict(),  # optimizer, value_head, adapters
-        "critic": None,
+        "critic": critic or None,  # a shared critic's head is the learner's
         "train_state": state.to_dict(),
         "components": component_states(parts.components),  # the task source, ...: by name
     }
-    model = getattr(critic, "model", None)
-    if model is not None:  # a separate critic: its own backbone, head and optimizer
-        out["critic"] = {
-            "model": model.state_dict(),
-            "head": critic.head.state_dict(),  # type: ignore[union-attr]
-            "optimizer": critic.optimizer.state_dict(),  # type: ignore[union-attr]
-        }
-    return out
 
 
 def restore(parts: Parts, path: Path) -> TrainState:
@@ -250,12 +242,9 @@ def restore(parts: Parts, path: Path) -> TrainState:
             "kept the KL coefficient and guard streaks elsewhere; resume it with that version, or "
             "start the run afresh with run.overwrite=true"
         )
-    critic = parts.critic
     parts.learner.load_state_dict(saved, path)
-    if saved["critic"] is not None and getattr(critic, "model", None) is not None:
-        critic.model.load_state_dict(saved["critic"]["model"])  # type: ignore[union-attr]
-        critic.head.load_state_dict(saved["critic"]["head"])  # type: ignore[union-attr]
-        critic.optimizer.load_state_dict(saved["critic"]["optimizer"])  # type: ignore[union-attr]
+    if saved["critic"] is not None and parts.critic is not None:
+        parts.critic.load_state_dict(saved["critic"])
     state = TrainState.from_dict(saved["train_state"])
     load_component_states(parts.components, saved["components"])
     parts.push_weights(state.policy_version)
