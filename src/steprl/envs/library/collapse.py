@@ -23,15 +23,14 @@ true task's, while the training reward says something else:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
 from steprl.envs.library.calculator import STRATEGIES, CalculatorEnv, split_of
-from steprl.envs.library.calculator.tasks import make_tasks as calculator_tasks
+from steprl.envs.library.calculator.tasks import renamed_tasks
 from steprl.envs.rewards import RewardBreakdown
-from steprl.envs.spec import EnvSpec, TaskFactory
+from steprl.envs.spec import EnvSpec
 from steprl.types import Task
 
 
@@ -118,28 +117,8 @@ class FlatCalculatorEnv(_TrainRewardEnv):
         return {**parts, "outcome": 1.0 if kind == "answer" else 0.0, "format": 0.0}
 
 
-def _named(env: str) -> TaskFactory:
-    """The calculator's task generator, its tasks named for `env` (`Task.env`)."""
-
-    def tasks(
-        split: str,
-        seed: int,
-        n: int | None = None,
-        *,
-        min_calls: int = 1,
-        max_calls: int = 3,
-        max_operand: int = 20,
-        max_abs_value: int = 10**6,
-    ) -> Iterator[Task]:
-        params = {"min_calls": min_calls, "max_calls": max_calls, "max_operand": max_operand}
-        for task in calculator_tasks(split, seed, n, max_abs_value=max_abs_value, **params):
-            yield replace(task, env=env)
-
-    return tasks
-
-
-phrase_tasks = _named("calculator_phrase")
-flat_tasks = _named("calculator_flat")
+phrase_tasks = renamed_tasks("calculator_phrase")
+flat_tasks = renamed_tasks("calculator_flat")
 
 SPECS: dict[str, EnvSpec] = {
     "calculator_phrase": EnvSpec(

@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from steprl.envs.base import Env, EnvWrapper, Observation, Transition, maybe_await
-from steprl.envs.library import calculator
 from steprl.envs.library.calculator import CalculatorEnv
+from steprl.envs.library.calculator.tasks import renamed_tasks
 from steprl.types import Task
 
 
@@ -58,17 +56,5 @@ def slow_calculator(
     return SlowEnv(CalculatorEnv(**params), median_s=median_s, sigma=sigma, max_s=max_s)
 
 
-def make_tasks(
-    split: str,
-    seed: int,
-    n: int | None = None,
-    *,
-    min_calls: int = 1,
-    max_calls: int = 3,
-    max_operand: int = 20,
-    max_abs_value: int = 10**6,
-) -> Iterator[Task]:
-    """The calculator's tasks, named for this env (`Task.env` is the registered name)."""
-    params = {"min_calls": min_calls, "max_calls": max_calls, "max_operand": max_operand}
-    for task in calculator.make_tasks(split, seed, n, max_abs_value=max_abs_value, **params):
-        yield replace(task, env="calculator_slow")
+#: the calculator's tasks, named for this env (`Task.env` is the registered name)
+make_tasks = renamed_tasks("calculator_slow")
