@@ -13,10 +13,11 @@ of (split, seed, parameters): it uses its own `random.Random(seed)`, never the g
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 from steprl.envs.base import ToolError
 from steprl.envs.library.calculator.evaluate import CalcLimits, evaluate
@@ -125,20 +126,12 @@ def _stream(
 
 def renamed_tasks(env: str) -> Callable[..., Iterator[Task]]:
     """The calculator's task generator, its tasks named for `env` (`Task.env`): for envs built
-    on the calculator (`calculator_slow`, `calculator_flat`, ...), same parameters."""
+    on the calculator (`calculator_slow`, `calculator_flat`, ...). Its signature is
+    `make_tasks`'s (`functools.wraps`: what checks `env.params` reads)."""
 
-    def tasks(
-        split: str,
-        seed: int,
-        n: int | None = None,
-        *,
-        min_calls: int = 1,
-        max_calls: int = 3,
-        max_operand: int = 20,
-        max_abs_value: int = 10**6,
-    ) -> Iterator[Task]:
-        params = {"min_calls": min_calls, "max_calls": max_calls, "max_operand": max_operand}
-        for task in make_tasks(split, seed, n, max_abs_value=max_abs_value, **params):
+    @functools.wraps(make_tasks)
+    def tasks(*args: Any, **params: Any) -> Iterator[Task]:
+        for task in make_tasks(*args, **params):
             yield dataclasses.replace(task, env=env)
 
     return tasks
