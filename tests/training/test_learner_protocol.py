@@ -113,3 +113,42 @@ def test_a_whole_run_goes_through_the_protocol(tmp_path, monkeypatch: pytest.Mon
     assert calls["state_dict"] == 1 and calls["save_model"] == 1, calls
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all("actor/reward_kl" in m for m in metrics if m["step"] > 0), metrics
+
+
+def test_a_checkpoint_of_the_old_layout_resumes_as_the_new_one(tmp_path) -> None:
+    """state.pt format 1 (the learner's keys at the top level, before the protocol) resumes to
+    the same step as format 2; a format from a newer steprl is one line."""
+    import hashlib
+    import shutil
+
+    import torch
+
+    from steprl.errors import UserError
+    from steprl.training.trainer import train
+
+    def run(name: str, *extra: str) -> Any:
+        sets = [*TINY_SCRATCH, f"run.output_dir={tmp_path}", f"run.name={name}", "logging.tensorboard=false"]
+        sets.append("trainer.checkpoint_every=1")
+        return train(load_config("configs/calculator_tiny.yaml", [*sets, *extra]), log=lambda _: None)
+
+    run("new", "trainer.total_steps=1")
+    shutil.copytree(tmp_path / "new", tmp_path / "old", symlinks=True)  # `latest` stays a link
+
+    def rewrite(name: str, change: Any) -> None:
+        ckpt = tmp_path / name / "checkpoints" / "latest"
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        torch.save(change(state), ckpt / "state.pt")
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["files"]["state.pt"] = hashlib.sha256((ckpt / "state.pt").read_bytes()).hexdigest()
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+    rewrite(
+        "old", lambda s: {**{k: v for k, v in s.items() if k not in ("learner", "format")}, **s["learner"]}
+    )
+    new = run("new", "run.resume=must", "trainer.total_steps=2")
+    old = run("old", "run.resume=must", "trainer.total_steps=2")
+    drop = lambda m: {k: v for k, v in m.items() if not k.startswith("time/")}  # noqa: E731
+    assert [drop(m) for m in old.history] == [drop(m) for m in new.history] and len(new.history) == 1
+    rewrite("old", lambda s: {**s, "format": 99})
+    with pytest.raises(UserError, match="written by a newer steprl"):
+        run("old", "run.resume=must", "trainer.total_steps=3")

@@ -222,14 +222,22 @@ def check_config_change(cfg: Config, checkpoint: Path) -> None:
         )
 
 
+#: state.pt's layout: every stateful part by name (what `torch.distributed.checkpoint` writes
+#: in one place when the learner is sharded); 1 was the learner's keys at the top level
+STATE_FORMAT = 2
+
+
 def checkpoint_state(parts: Parts, state: TrainState) -> dict[str, Any]:
-    """What state.pt holds besides the HF-format policy (which `steprl eval` reads)."""
+    """What state.pt holds besides the HF-format policy (which `steprl eval` reads): every
+    stateful part of the run by name (the learner: optimizer, value head, adapters; the critic;
+    each run component, engine snapshots among them) and where the run stands."""
     critic = parts.critic.state_dict() if parts.critic is not None else None
     return {
-        **parts.learner.state_dict(),  # optimizer, value_head, adapters
+        "format": STATE_FORMAT,
+        "learner": parts.learner.state_dict(),
         "critic": critic or None,  # a shared critic's head is the learner's
-        "train_state": state.to_dict(),
         "components": component_states(parts.components),  # the task source, ...: by name
+        "train_state": state.to_dict(),
     }
 
 
@@ -242,13 +250,23 @@ def restore(parts: Parts, path: Path) -> TrainState:
             "kept the KL coefficient and guard streaks elsewhere; resume it with that version, or "
             "start the run afresh with run.overwrite=true"
         )
-    parts.learner.load_state_dict(saved, path)
+    if saved.get("format", 1) > STATE_FORMAT:
+        raise ConfigError(
+            f"{path}: written by a newer steprl (state format {saved['format']}, this one reads up to "
+            f"{STATE_FORMAT}); resume it with that version"
+        )
+    learner = saved["learner"] if "learner" in saved else {k: saved[k] for k in LEARNER_KEYS_V1}
+    parts.learner.load_state_dict(learner, path)
     if saved["critic"] is not None and parts.critic is not None:
         parts.critic.load_state_dict(saved["critic"])
     state = TrainState.from_dict(saved["train_state"])
     load_component_states(parts.components, saved["components"])
     parts.push_weights(state.policy_version)
     return state
+
+
+#: format 1 kept the learner's state at the top level (checkpoints before the Learner protocol)
+LEARNER_KEYS_V1 = ("optimizer", "value_head", "adapters")
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
