@@ -43,7 +43,7 @@ from steprl.rollout.context import AppendOnly  # noqa: E402
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups  # noqa: E402
 from steprl.training import env_setup  # noqa: E402
 from steprl.training.build import build  # noqa: E402
-from steprl.training.state import RngState, TaskStream, TrainState  # noqa: E402
+from steprl.training.state import RngState, TrainState  # noqa: E402
 from steprl.training.trainer import run_step, start_pipeline  # noqa: E402
 
 TOKENIZER = build_tokenizer()
@@ -96,14 +96,15 @@ def run_steprl(steps: int, seed: int) -> list[tuple[float, float, dict[str, floa
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as cleanup:
         cfg = load_config(None, steprl_overrides(tmp, seed))
         envs = cleanup.enter_context(env_setup.env_pool(cfg))
-        parts = build(cfg, envs, cleanup, lambda s: None, resuming=False)
+        parts = build(cfg, env_setup.run_envs(cfg), envs, cleanup, lambda s: None, resuming=False)
         shuffle = torch.Generator().manual_seed(seed)
-        state = TrainState(0, parts.engine.version, 0, RngState.capture(shuffle), 0.0)
-        pipeline = start_pipeline(cfg, parts, TaskStream(parts.train_tasks(cfg), 0), state, lambda s: None)
+        state = TrainState(0, parts.engine.version, RngState.capture(shuffle))
+        pipeline = start_pipeline(cfg, parts, parts.source, state, lambda s: None)
         cleanup.callback(pipeline.close)
         for _ in range(steps):
             t0 = time.perf_counter()
-            state, m, _ = run_step(cfg, parts, pipeline, state, shuffle, lambda s: None)
+            settings = parts.controllers.current()
+            state, m, _, _ = run_step(cfg, parts, pipeline, state, settings, shuffle, lambda s: None)
             times = {k: v for k, v in m.items() if k.startswith("time/")}
             out.append((time.perf_counter() - t0, m["reward/mean"], times))
     return out

@@ -128,3 +128,16 @@ def test_the_ring_serves_each_undone_steps_tasks_once_and_round_trips(small_mode
     again = SnapshotRing(_learner(small_model), size=4)
     again.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     assert again.steps == ring.steps and again.trained_after(1) == ring.trained_after(1)
+
+
+def test_every_lever_has_a_phase_the_trainer_calls():
+    from steprl.training.levers import LEVERS, check_levers
+
+    check_levers()
+    assert {lever.phase for lever in LEVERS.values()} == {"start", "before", "measure", "observed", "written"}
+    broken = {
+        "snapshot_ring": LEVERS["snapshot_ring"],
+        **{k: v for k, v in LEVERS.items() if k != "snapshot_ring"},
+    }
+    with pytest.raises(AssertionError, match="captures after a rollback"):
+        check_levers(broken)

@@ -25,12 +25,12 @@ run ends (an asynchronous run admits ahead) are reported in one line; the checkp
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -50,12 +50,11 @@ from steprl.diagnostics.sinks import OutputWriteError
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
 from steprl.report import write_report
-from steprl.training import env_setup, health_run, resume, run_lock
+from steprl.training import env_setup, levers, resume, run_lock
 from steprl.training.build import Parts, build
 from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.cross_policy import ratio_metrics
 from steprl.training.guards import FirstFailures, failure_metrics
-from steprl.training.health_snapshots import SnapshotRing
 from steprl.training.held_out import Evaluator, log_warm_start
 from steprl.training.pipeline import Pipeline, describe_pending
 from steprl.training.producers import LocalProducer, RayProducer
@@ -128,17 +127,15 @@ def _train(
     if warm_start is not None:
         log_warm_start(cfg, parts, evaluator, out, warm_start, log)
     warm, last_eval = evals_so_far(run_dir, state.step)
-    ring = parts.components.get("health:snapshots")  # what a health rollback restores
     run = _Run(
         cfg, parts, pipeline, stop, out, run_dir, evaluator, shuffle_rng, log, state,
         settings=parts.controllers.current(),  # what the controllers set for the next step
-        ring=ring if isinstance(ring, SnapshotRing) else None,
+        group_filter=parts.group_filter,
         resumed=plan.resume_from is not None,
         saved_step=state.step if plan.resume_from is not None else -1,
         last_eval=last_eval,
     )  # fmt: skip
-    if run.ring is not None and not run.ring.steps:
-        run.ring.capture(state.step)
+    levers.apply("start", run, state.step)
 
     # ---- the RL loop ------------------------------------------------------------------------
     with TrainingProgress(cfg.trainer.total_steps, enabled=cfg.logging.progress) as progress:
@@ -198,7 +195,7 @@ class _Run:
     log: Callable[[str], None]
     state: TrainState
     settings: Adjustments
-    ring: SnapshotRing | None
+    group_filter: Any  # the next step's (a Callable[..., Tensor]: levers may narrow the configured one)
     resumed: bool
     saved_step: int  # the step of the newest checkpoint this process wrote or resumed (-1: none)
     last_eval: dict[str, float]
@@ -210,18 +207,12 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
     """One RL step, its evaluation, the controllers' say and its outputs; False: the loop ends
     (a signal while rollouts ran, or a controller's stop)."""
     cfg, parts, pipeline = run.cfg, run.parts, run.pipeline
-    run.settings = health_run.apply_levers(cfg, parts.learner, run.settings)
+    levers.apply("before", run, run.state.step + 1)
     try:
         run.state, metrics, trajectories, (advantages, step_credit) = run_step(
-            cfg,
-            parts,
-            pipeline,
-            run.state,
-            run.settings,
-            run.shuffle_rng,
-            run.log,
-            waiting=run.stop.interruptible,
-        )
+            cfg, parts, pipeline, run.state, run.settings, run.shuffle_rng, run.log,
+            group_filter=run.group_filter, waiting=run.stop.interruptible,
+        )  # fmt: skip
     except StopRequested:  # while rollouts ran: their tasks run again on resume
         if run.state.step == 0 and not run.resumed:
             raise  # nothing trained yet: no checkpoint to resume from
@@ -235,15 +226,11 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
             run.last_eval, took, evaluated = run.evaluate(step)
             metrics.update(run.last_eval | took)
     # the one place a step's results change the next ones: the controllers' adjustments
-    metrics |= health_run.probe(cfg, parts.learner, step, trajectories)
+    metrics |= levers.apply("measure", run, step, trajectories)
     run.settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
     metrics |= run.settings.metrics  # health/* signals
-    version, firings = health_run.carry_out(
-        parts, run.settings, step, run.state.policy_version, pipeline, run.log
-    )
-    run.state = dataclasses.replace(run.state, policy_version=version)  # a rollback publishes anew
-    health_run.write_log(run.run_dir, firings)
-    if run.settings.stop is not None and evaluated is None:  # a rule's stop is the run's end:
+    levers.apply("observed", run, step, trajectories)
+    if run.settings.stop is not None and evaluated is None:  # a controller's stop is the run's end:
         with contextlib.suppress(StopRequested):  # where it stopped, measured as at the end
             run.last_eval, took, evaluated = run.evaluate(step)
             metrics.update(run.last_eval | took)
@@ -255,12 +242,7 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
     if run.settings.stop is not None:  # as a signal: saved below, the last good checkpoint kept
         run.stopped = (run.settings.stop, resume.latest_checkpoint(run.run_dir))
         return False
-    if run.ring is not None:  # after a rollback: the restored weights, no tasks
-        rolled_back = run.settings.once is not None and run.settings.once.rollback
-        run.ring.capture(step, () if rolled_back else pipeline.step_tasks)
-    if run.settings.once is not None and run.settings.once.snapshot:  # a health rule's snapshot
-        run.log(f"health snapshot: {resume.save(parts, run.state, run.run_dir, cfg)}")
-        run.saved_step = step
+    levers.apply("written", run, step, trajectories)
     if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
         resume.save(parts, run.state, run.run_dir, cfg)
         run.saved_step = step
@@ -340,22 +322,24 @@ def run_step(
     settings: Adjustments,
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
+    *,
+    group_filter: Callable[..., torch.Tensor] | None = None,
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> tuple[TrainState, dict[str, float], list[Trajectory], Saved]:
     """One RL step: take and filter groups, make the batch (with the controllers' `settings`),
     update, publish the weights. Returns the new state, the step's metrics, its rollouts and,
     parallel to them, the advantages each was trained with (None: not trained on) and its learned
     step rewards (None: not scored; None for all without `algorithm.step_reward`).
+    `group_filter`: the step's (levers may narrow the configured one; default the configured).
     `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
     t0 = time.perf_counter()
     step = state.step + 1
     algo = cfg.algorithm
-    pipeline.max_turns = settings.max_turns  # the cap of the tasks admitted from now on
     with waiting():
         collected = collect_groups(
             pipeline,
             tasks_per_step=cfg.rollout.tasks_per_step,
-            group_filter=health_run.group_filter(parts.group_filter, settings),
+            group_filter=group_filter or parts.group_filter,
             regenerations=algo.filter_regenerations,
             failure_budget=cfg.runtime.failure_budget,
         )
