@@ -16,6 +16,13 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@# mcp-server-sqlite (the stateful server of the mcp tests) pins mcp 1.x, so it gets a venv of its
+	@# own, built beside the main install (20 s of one core) and waited for at the end
+	@( test -x .venv-mcp-sqlite/bin/mcp-server-sqlite || \
+	  { $(PY) -m venv .venv-mcp-sqlite && \
+	    .venv-mcp-sqlite/bin/pip install --quiet "mcp-server-sqlite==2025.4.25" "mcp<2"; } || \
+	  echo "WARNING: .venv-mcp-sqlite could not be built; the mcp-server-sqlite test will skip" \
+	) > $(VENV)/.mcp-build.log 2>&1 & echo $$! > $(VENV)/.mcp-build.pid
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# A CUDA machine takes the default wheel; elsewhere only the CPU build (local file or PyTorch's CPU index).
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
@@ -34,11 +41,9 @@ $(STAMP): pyproject.toml Makefile
 	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) || \
 	  echo "WARNING: chromium is not installed; the report's browser test will skip with that reason"
-	@# mcp-server-sqlite (the stateful server of the mcp tests) pins mcp 1.x, so it gets a venv of its own.
-	@test -x .venv-mcp-sqlite/bin/mcp-server-sqlite || \
-	  { $(PY) -m venv .venv-mcp-sqlite && \
-	    .venv-mcp-sqlite/bin/pip install --quiet "mcp-server-sqlite==2025.4.25" "mcp<2"; } || \
-	  echo "WARNING: .venv-mcp-sqlite could not be built; the mcp-server-sqlite test will skip"
+	@# (the mcp-server-sqlite venv, started above, is waited for here)
+	@while kill -0 $$(cat $(VENV)/.mcp-build.pid) 2>/dev/null; do sleep 1; done; \
+	  cat $(VENV)/.mcp-build.log; rm -f $(VENV)/.mcp-build.pid $(VENV)/.mcp-build.log
 	touch $(STAMP)
 
 demo: $(STAMP)

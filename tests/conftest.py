@@ -79,20 +79,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 #: the files that take longest (30-150 s each on 2 cores, `--durations`), handed out first: with a
 #: file per test process (`--dist loadfile`) and files in collection order, one of them last
 #: would leave the other processes idle at the end of the run
-LONGEST_FIRST = (
+LONGEST_FIRST = (  # Ray's files (each process starts its own cluster) spaced apart, not side by side
     "hosting/test_ray_backend.py",
-    "hosting/test_backends_e2e.py",
-    "training/test_lora.py",
     "training/test_resume.py",
-    "training/test_async_training.py",
     "models/test_hub_ids.py",
+    "training/test_lora.py",
+    "training/test_async_training.py",
     "envs/test_synth.py",
+    "hosting/test_backends_e2e.py",
     "e2e/test_mcp_sqlite_cli.py",
-    "e2e/test_mixture_cli.py",
     "hosting/test_sync_hang.py",
-    "hosting/test_ray_cross_policy.py",
+    "e2e/test_mixture_cli.py",
     "training/test_output_faults.py",
     "diagnostics/test_show_cli.py",
+    "hosting/test_ray_cross_policy.py",
     "e2e/test_eval_cli.py",
 )
 
