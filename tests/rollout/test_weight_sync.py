@@ -33,11 +33,25 @@ def test_every_transport_delivers_exactly_and_refuses_a_broken_stream(name, smal
     receiver = _other(small_model)
     try:
         buckets = check_weight_sync(WEIGHT_SYNC[name](tmp_path), small_model, receiver)
+        if name != "files":  # the files transport carries full tensors only (vLLM merges first)
+            _adapter_round_trip(WEIGHT_SYNC[name](tmp_path))
     finally:
         if name == "ray":
             ray.shutdown()  # this test process goes on to other files
     assert buckets == len(small_model.state_dict())  # the checker's buckets: one tensor each
     assert not list(tmp_path.iterdir()), "the transport left files behind"
+
+
+def _adapter_round_trip(transport) -> None:
+    from steprl.engines.lora_merge import AdapterUpdate, LoraDelta
+
+    adapter = AdapterUpdate((LoraDelta("layers.0.q_proj", torch.randn(2, 8), torch.randn(8, 2), 2.0),))
+    handle = transport.send(WeightUpdate.of_adapter(adapter, 4))
+    got = transport.receive(handle)
+    assert got.version == 4 and got.adapter is not None
+    assert got.adapter.modules == adapter.modules and got.adapter.deltas[0].scaling == 2.0
+    assert torch.equal(got.adapter.deltas[0].a, adapter.deltas[0].a)
+    transport.release(handle)
 
 
 def test_buckets_are_bounded_views_in_order():

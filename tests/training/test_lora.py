@@ -211,6 +211,8 @@ def test_a_rollout_worker_merges_an_adapter_update(tokenizer, base):
 
 
 @pytest.mark.e2e
+@pytest.mark.soak  # a Ray cluster and worker for one merge (60 s); the adapter's Ray transport and the
+# worker's merge are each checked in make test (test_weight_sync.py, the test above)
 def test_ray_rollout_pool_syncs_adapter_updates(tokenizer):
     """`RayRolloutPool.sync_weights(AdapterUpdate)`: the worker merges into its base copy and rolls
     out exactly what an in-process engine with the same merge does."""
