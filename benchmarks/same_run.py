@@ -46,18 +46,30 @@ VARIANTS: dict[str, list[str]] = {
         ROLLBACK,
     ],
     "lora": ["model.lora={r: 4, alpha: 8}", "algorithm.kl_coef=0.05"],
-    "decoupled_ppo_mi": ["health.mi_every=1", "algorithm.policy_loss=decoupled_ppo", "trainer.mini_batches=4"],
+    "decoupled_ppo_mi": [
+        "health.mi_every=1",
+        "algorithm.policy_loss=decoupled_ppo",
+        "trainer.mini_batches=4",
+    ],
 }
 
 
 def train(src: Path, out: Path, name: str, sets: list[str]) -> None:
-    args = [sys.executable, "-c", "from steprl.cli import main; main()", "train", "configs/calculator_tiny.yaml"]
+    args = [
+        sys.executable,
+        "-c",
+        "from steprl.cli import main; main()",
+        "train",
+        "configs/calculator_tiny.yaml",
+    ]
     for s in [*SMALL, f"run.output_dir={out}", f"run.name={name}", *sets]:
         args += ["--set", s]
     env = {**os.environ, "PYTHONPATH": str(src.resolve()), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"{name} with {src}: exit {done.returncode}: {done.stdout[-400:]}{done.stderr[-400:]}")
+        raise SystemExit(
+            f"{name} with {src}: exit {done.returncode}: {done.stdout[-400:]}{done.stderr[-400:]}"
+        )
 
 
 def compare(before: Path, after: Path) -> tuple[int, list[tuple[int, str, object, object]], bool]:
@@ -81,10 +93,16 @@ def compare(before: Path, after: Path) -> tuple[int, list[tuple[int, str, object
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--before", type=Path, required=True, help="a src/ directory (the old tree's)")
-    parser.add_argument("--after", type=Path, default=ROOT / "src", help="a src/ directory (default: this one)")
-    parser.add_argument("--only", action="append", choices=sorted(VARIANTS), help="only this variant (repeatable)")
+    parser.add_argument(
+        "--after", type=Path, default=ROOT / "src", help="a src/ directory (default: this one)"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=sorted(VARIANTS), help="only this variant (repeatable)"
+    )
     args = parser.parse_args()
     failed = False
     with tempfile.TemporaryDirectory(prefix="steprl-same-run-") as tmp:
@@ -93,7 +111,9 @@ def main() -> None:
                 train(src, Path(tmp) / side, name, VARIANTS[name])
             n, diffs, same = compare(Path(tmp) / "before" / name, Path(tmp) / "after" / name)
             failed |= bool(diffs) or not same
-            print(f"{name}: {n} values compared, {len(diffs)} differ; safetensors {'identical' if same else 'DIFFER'}")
+            print(
+                f"{name}: {n} values compared, {len(diffs)} differ; safetensors {'identical' if same else 'DIFFER'}"
+            )
             for d in diffs[:5]:
                 print(f"    step {d[0]} {d[1]}: {d[2]} -> {d[3]}")
     sys.exit(1 if failed else 0)
