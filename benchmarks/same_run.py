@@ -29,7 +29,10 @@ SMALL = [
     "trainer.eval_tasks=32",
     "trainer.checkpoint_every=4",
 ]
-ROLLBACK = "health.rules=[{name: rb, when: [{signal: approx_kl, above: -1}], steps: 1, cooldown: 2, actions: [rollback]}]"
+ROLLBACK = (
+    "health.rules=[{name: rb, when: [{signal: approx_kl, above: -1}], steps: 1, cooldown: 2,"
+    " actions: [rollback]}]"
+)
 VARIANTS: dict[str, list[str]] = {
     "default": [],
     "reward_kl_empg_mi": [
@@ -111,9 +114,8 @@ def main() -> None:
                 train(src, Path(tmp) / side, name, VARIANTS[name])
             n, diffs, same = compare(Path(tmp) / "before" / name, Path(tmp) / "after" / name)
             failed |= bool(diffs) or not same
-            print(
-                f"{name}: {n} values compared, {len(diffs)} differ; safetensors {'identical' if same else 'DIFFER'}"
-            )
+            verdict = "identical" if same else "DIFFER"
+            print(f"{name}: {n} values compared, {len(diffs)} differ; safetensors {verdict}")
             for d in diffs[:5]:
                 print(f"    step {d[0]} {d[1]}: {d[2]} -> {d[3]}")
     sys.exit(1 if failed else 0)
