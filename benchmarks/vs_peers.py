@@ -103,8 +103,8 @@ def run_steprl(steps: int, seed: int) -> list[tuple[float, float, dict[str, floa
         cleanup.callback(pipeline.close)
         for _ in range(steps):
             t0 = time.perf_counter()
-            settings = parts.controllers.current()
-            state, m, _, _ = run_step(cfg, parts, pipeline, state, settings, shuffle, lambda s: None)
+            kl = parts.controllers.current().kl_coef  # the adaptive KL's, when configured
+            state, m, _, _ = run_step(cfg, parts, pipeline, state, shuffle, lambda s: None, reward_kl_coef=kl)
             times = {k: v for k, v in m.items() if k.startswith("time/")}
             out.append((time.perf_counter() - t0, m["reward/mean"], times))
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from steprl.config import ConfigError, load_config
-from steprl.health.actions import ACTIONS, ActionCheckError, ActionSpec, Levers, Once, check_action
+from steprl.health.actions import ACTIONS, ActionCheckError, ActionSpec, Once, check_action
 from steprl.health.signals import SIGNALS, SignalCheckError, SignalSpec, check_signal, signal_value
 from steprl.training.controllers import StepReport
 from steprl.training.controllers.health import HealthMonitor
@@ -120,7 +120,7 @@ def test_a_rule_needs_its_steps_in_a_row_waits_out_its_cooldown_and_stops_when_i
     steps = [s for s, a in fired.items() if a.events]
     # 3-4 in a row; then 5-6 in a row but 6 is within the cooldown, so 7; then 8-9, 10
     assert steps == [4, 7, 10]
-    assert fired[4].levers == Levers(lr_scale=0.5) and fired[7].levers == Levers(lr_scale=0.25)
+    assert fired[4].lr_scale == 0.5 and fired[7].lr_scale == 0.25 and fired[7].kl_scale == 1.0
     last = fired[10]
     assert last.stop is not None and "'jump'" in last.stop and "approx_kl=5" in last.stop
     assert last.events[0]["outcome"] == "budget of 2 spent: stop"
@@ -131,7 +131,8 @@ def test_a_rule_needs_its_steps_in_a_row_waits_out_its_cooldown_and_stops_when_i
 def test_observe_mode_records_the_firing_and_changes_nothing():
     m = _monitor("[{name: jump, when: [{signal: approx_kl, above: 1}], actions: [stop]}]", act="false")
     out = _step(m, 1, 9.0)
-    assert out.stop is None and out.once is None and out.levers == Levers()
+    assert out.stop is None and out.rollback is None and out.snapshot is None
+    assert (out.lr_scale, out.kl_scale, out.entropy_coef, out.min_group_std) == (1.0, 1.0, None, None)
     assert out.events == (
         {
             "step": 1,

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from steprl.config import load_config
-from steprl.health.actions import Levers
 from steprl.training.controllers import (
     CONTROLLERS,
     Adjustments,
@@ -70,4 +69,4 @@ def test_a_run_has_the_guards_always_and_adaptive_kl_and_health_when_configured(
     both = Controllers.for_config(load_config(None, EVERY))
     assert list(both.members) == ["health", "adaptive_kl", "nonfinite_guard", "failure_guard"]
     # the start values, before any step: the KL coefficient, the health levers untouched
-    assert both.current() == Adjustments(kl_coef=0.05, levers=Levers())
+    assert both.current() == Adjustments(kl_coef=0.05, lr_scale=1.0, kl_scale=1.0, hold_until=0)

@@ -7,15 +7,16 @@ from __future__ import annotations
 import copy
 import io
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from steprl.config import ConfigError, load_config
-from steprl.health.actions import Levers
 from steprl.training.controllers import Adjustments
-from steprl.training.health_run import apply_levers, group_filter
+from steprl.training.health_run import group_filter
 from steprl.training.learner import LocalLearner
+from steprl.training.levers import LEVERS
 from tiny_runs import make_learner
 
 
@@ -23,25 +24,39 @@ def _learner(model: torch.nn.Module) -> LocalLearner:
     return make_learner(copy.deepcopy(model))
 
 
+class _Run:
+    """The loop state the levers read and set (the trainer's `_Run`, without the loop)."""
+
+    def __init__(self, cfg, learner) -> None:
+        self.cfg, self.parts = cfg, SimpleNamespace(learner=learner, group_filter=None)
+        self.settings, self.reward_kl_coef = Adjustments(), cfg.algorithm.kl_coef
+
+
+def _before(run: _Run, settings: Adjustments) -> _Run:
+    run.settings = settings
+    for name in ("lr_scale", "entropy_coef", "kl_coef", "kl_scale"):
+        LEVERS[name].apply(run, 1, ())  # type: ignore[arg-type]
+    return run
+
+
 def test_the_levers_set_the_learning_rate_entropy_bonus_and_kl_every_step(small_model):
     learner = _learner(small_model)
     cfg = load_config(None, ["trainer.lr=1e-3", "algorithm.kl_coef=0.1", "algorithm.entropy_coef=0.001"])
-    levers = Levers(lr_scale=0.25, kl_scale=2.0, entropy_coef=0.02)
-    out = apply_levers(cfg, learner, Adjustments(levers=levers))
+    run = _before(_Run(cfg, learner), Adjustments(lr_scale=0.25, kl_scale=2.0, entropy_coef=0.02))
     assert [g["lr"] for g in learner.optimizer.param_groups] == [pytest.approx(2.5e-4)] * len(
         learner.optimizer.param_groups
     )
     assert learner.reg.entropy_coef == 0.02 and learner.reg.kl_coef == pytest.approx(0.2)
-    assert out.kl_coef is None  # the KL is in the loss: nothing for the reward
-    apply_levers(cfg, learner, Adjustments(levers=Levers()))  # no lever: the config's values again
+    assert run.reward_kl_coef == 0.1  # the KL is in the loss: the reward's coefficient untouched
+    _before(run, Adjustments())  # no lever: the config's values again
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
     assert learner.reg.entropy_coef == 0.001 and learner.reg.kl_coef == pytest.approx(0.1)
 
     in_reward = load_config(None, ["algorithm.kl_coef=0.1", "algorithm.kl_in=reward"])
-    out = apply_levers(in_reward, learner, Adjustments(levers=Levers(kl_scale=3.0)))
-    assert out.kl_coef == pytest.approx(0.3) and learner.reg.kl_coef == 0.0
-    adaptive = Adjustments(kl_coef=0.05, levers=Levers(kl_scale=3.0))  # an adaptive controller's value
-    assert apply_levers(in_reward, learner, adaptive).kl_coef == pytest.approx(0.15)
+    run = _before(_Run(in_reward, learner), Adjustments(kl_scale=3.0))
+    assert run.reward_kl_coef == pytest.approx(0.3) and learner.reg.kl_coef == 0.0
+    adaptive = Adjustments(kl_coef=0.05, kl_scale=3.0)  # an adaptive controller's value, scaled
+    assert _before(run, adaptive).reward_kl_coef == pytest.approx(0.15)
 
 
 def test_the_filter_lever_drops_groups_whose_rewards_barely_differ():
@@ -53,8 +68,8 @@ def test_the_filter_lever_drops_groups_whose_rewards_barely_differ():
         torch.tensor([0.0, 1.0, 0.0, 1.0]),
         torch.tensor([2.0] * 4),
     ]
-    assert group_filter(keep_all, Adjustments()) is keep_all  # no lever: the configured filter
-    kept = group_filter(keep_all, Adjustments(levers=Levers(min_group_std=0.05)))(rewards)
+    assert group_filter(keep_all, None) is keep_all  # no lever: the configured filter
+    kept = group_filter(keep_all, 0.05)(rewards)
     assert kept.tolist() == [1]
 
 
@@ -131,13 +146,15 @@ def test_the_ring_serves_each_undone_steps_tasks_once_and_round_trips(small_mode
 
 
 def test_every_lever_has_a_phase_the_trainer_calls():
-    from steprl.training.levers import LEVERS, check_levers
+    from steprl.training.levers import PHASES, check_levers
 
     check_levers()
-    assert {lever.phase for lever in LEVERS.values()} == {"start", "before", "measure", "observed", "written"}
+    assert {lever.phase for lever in LEVERS.values()} == set(PHASES)
     broken = {
         "snapshot_ring": LEVERS["snapshot_ring"],
         **{k: v for k, v in LEVERS.items() if k != "snapshot_ring"},
     }
     with pytest.raises(AssertionError, match="captures after a rollback"):
         check_levers(broken)
+    with pytest.raises(AssertionError, match=r"no lever applying them: \['stop'\]"):
+        check_levers({k: v for k, v in LEVERS.items() if k != "stop"})

@@ -20,7 +20,7 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.rollout.views import packed_view
-from steprl.training.controllers import Adjustments, Controllers, StepReport
+from steprl.training.controllers import Controllers, StepReport
 from steprl.training.pipeline import Pipeline
 from steprl.training.sources.stream import StreamSource
 from steprl.training.step_batch import make_batch
@@ -130,7 +130,7 @@ def test_mask_keeps_a_cut_episode_in_the_baseline_and_trains_none_of_its_rows():
         step_credit=None,
     )
     batches = {
-        mask: make_batch([group], parts, algo, env_ids={}, settings=Adjustments(), mask_cut=mask)  # type: ignore[arg-type]
+        mask: make_batch([group], parts, algo, env_ids={}, mask_cut=mask)  # type: ignore[arg-type]
         for mask in (False, True)
     }
     assert [r.view.traj_index for r in batches[False].rows] == [0, 1, 2]

@@ -105,10 +105,11 @@ def test_a_whole_run_goes_through_the_protocol(tmp_path, monkeypatch: pytest.Mon
     fired = [json.loads(line) for line in (run_dir / "health.jsonl").read_text().splitlines()]
     assert "restored the weights of step 1" in fired[0]["outcome"], fired
     # per step: one pass for EMPG's entropies and the reward's KL together, one update, the
-    # levers, a snapshot for the ring, the weights to the engine; the MI probe's pass when its
-    # groups allow; the rollback's restore and its weights; one checkpoint at the end
+    # three learner levers (lr, entropy, KL), a snapshot for the ring, the weights to the
+    # engine; the MI probe's pass when its groups allow; the rollback's restore and its
+    # weights; one checkpoint at the end
     assert calls["compute:entropies+ref_logprobs"] == 3 and calls["update"] == 3, calls
-    assert calls["apply"] == 3 and calls["snapshot"] == 4 and calls["restore"] == 1, calls
+    assert calls["apply"] == 3 * 3 and calls["snapshot"] == 4 and calls["restore"] == 1, calls
     assert calls["weights"] == 3 + 1, calls  # each step's, and the rollback's
     assert calls["state_dict"] == 1 and calls["save_model"] == 1, calls
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

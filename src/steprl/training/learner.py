@@ -125,9 +125,13 @@ class LocalLearner:
         )
 
     def apply(self, levers: LearnerLevers) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = levers.lr
-        self.reg = dataclasses.replace(self.reg, entropy_coef=levers.entropy_coef, kl_coef=levers.kl_coef)
+        if levers.lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = levers.lr
+        if levers.entropy_coef is not None:
+            self.reg = dataclasses.replace(self.reg, entropy_coef=levers.entropy_coef)
+        if levers.kl_coef is not None:
+            self.reg = dataclasses.replace(self.reg, kl_coef=levers.kl_coef)
 
     def snapshot(self) -> dict[str, Any]:
         return {

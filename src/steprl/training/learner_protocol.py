@@ -35,12 +35,12 @@ class Computed:
 
 @dataclass(frozen=True)
 class LearnerLevers:
-    """What a controller may set on the learner for the next update (absolute values, applied
-    every step so a resume or a rollback sees the same)."""
+    """What a lever may set on the learner for the next update (absolute values, applied every
+    step so a resume or a rollback sees the same); None leaves a value as it is."""
 
-    lr: float
-    entropy_coef: float  # loss -= entropy_coef * agg(entropy)
-    kl_coef: float  # loss += kl_coef * agg(kl to the reference); 0 when the KL is in the reward
+    lr: float | None = None
+    entropy_coef: float | None = None  # loss -= entropy_coef * agg(entropy)
+    kl_coef: float | None = None  # loss += kl_coef * agg(kl to the reference); 0 when the KL is in the reward
 
 
 @runtime_checkable

@@ -26,7 +26,6 @@ from steprl.config import AlgorithmSection
 from steprl.rollout.views import Sample, inputs, targets
 from steprl.training.batching import collate
 from steprl.training.build import Parts
-from steprl.training.controllers import Adjustments
 from steprl.training.critic import collate_values
 from steprl.training.learner_protocol import Computed
 from steprl.training.step_rewards import Scored, StepData
@@ -171,12 +170,12 @@ def make_batch(
     algo: AlgorithmSection,
     *,
     env_ids: dict[str, int],
-    settings: Adjustments,
+    kl_coef: float | None = None,
     mask_cut: bool = False,
     step: int = 0,
 ) -> StepBatch:
     """`step`: the RL step this batch trains (the step-reward guard's lines name it).
-    `settings`: the controllers' current adjustments (the KL coefficient, when one sets it).
+    `kl_coef`: the step's KL coefficient in the reward (the levers'; None: algorithm.kl_coef).
     `mask_cut` (`rollout.cap_truncation=mask`): an episode the turn cap cut off keeps its reward
     in its group's baseline but its rows are dropped (no loss)."""
     trainable = tuple(t for g in groups for t in g.trajectories)
@@ -200,7 +199,7 @@ def make_batch(
     )
     metrics: dict[str, float] = {}
     if computed.ref_logprobs is not None:
-        beta = algo.kl_coef if settings.kl_coef is None else settings.kl_coef
+        beta = algo.kl_coef if kl_coef is None else kl_coef
         x, reward_kl = with_kl_in_reward(x, computed.ref_logprobs, views, beta=beta, kind=algo.kl_kind)
         # the rows before the LOOP filter: verl's n_steps for the adaptive KL controller
         metrics = {

@@ -131,6 +131,7 @@ def _train(
         cfg, parts, pipeline, stop, out, run_dir, evaluator, shuffle_rng, log, state,
         settings=parts.controllers.current(),  # what the controllers set for the next step
         group_filter=parts.group_filter,
+        reward_kl_coef=cfg.algorithm.kl_coef,
         resumed=plan.resume_from is not None,
         saved_step=state.step if plan.resume_from is not None else -1,
         last_eval=last_eval,
@@ -194,12 +195,14 @@ class _Run:
     shuffle_rng: torch.Generator
     log: Callable[[str], None]
     state: TrainState
-    settings: Adjustments
+    settings: Adjustments  # the levers the controllers returned for the next step
     group_filter: Any  # the next step's (a Callable[..., Tensor]: levers may narrow the configured one)
+    reward_kl_coef: float  # the next step's, set by the levers
     resumed: bool
     saved_step: int  # the step of the newest checkpoint this process wrote or resumed (-1: none)
     last_eval: dict[str, float]
     stopped: tuple[str, Path | None] | None = None  # a controller's stop: why, the checkpoint before it
+    rolled_back: str = ""  # what a rollback at this step restored (its firings' outcome says)
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -210,7 +213,7 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
     levers.apply("before", run, run.state.step + 1)
     try:
         run.state, metrics, trajectories, (advantages, step_credit) = run_step(
-            cfg, parts, pipeline, run.state, run.settings, run.shuffle_rng, run.log,
+            cfg, parts, pipeline, run.state, run.shuffle_rng, run.log, reward_kl_coef=run.reward_kl_coef,
             group_filter=run.group_filter, waiting=run.stop.interruptible,
         )  # fmt: skip
     except StopRequested:  # while rollouts ran: their tasks run again on resume
@@ -230,7 +233,7 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
     run.settings = parts.controllers.observe(StepReport(step, metrics, trajectories))
     metrics |= run.settings.metrics  # health/* signals
     levers.apply("observed", run, step, trajectories)
-    if run.settings.stop is not None and evaluated is None:  # a controller's stop is the run's end:
+    if run.stopped is not None and evaluated is None:  # a controller's stop is the run's end:
         with contextlib.suppress(StopRequested):  # where it stopped, measured as at the end
             run.last_eval, took, evaluated = run.evaluate(step)
             metrics.update(run.last_eval | took)
@@ -239,8 +242,7 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
     )
     run.history.append(metrics)
     progress.update(step, metrics)
-    if run.settings.stop is not None:  # as a signal: saved below, the last good checkpoint kept
-        run.stopped = (run.settings.stop, resume.latest_checkpoint(run.run_dir))
+    if run.stopped is not None:  # as a signal: saved in _wrap_up, the last good checkpoint kept
         return False
     levers.apply("written", run, step, trajectories)
     if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
@@ -319,18 +321,18 @@ def run_step(
     parts: Parts,
     pipeline: Pipeline,
     state: TrainState,
-    settings: Adjustments,
     shuffle_rng: torch.Generator,
     log: Callable[[str], None],
     *,
+    reward_kl_coef: float | None = None,
     group_filter: Callable[..., torch.Tensor] | None = None,
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> tuple[TrainState, dict[str, float], list[Trajectory], Saved]:
-    """One RL step: take and filter groups, make the batch (with the controllers' `settings`),
-    update, publish the weights. Returns the new state, the step's metrics, its rollouts and,
-    parallel to them, the advantages each was trained with (None: not trained on) and its learned
-    step rewards (None: not scored; None for all without `algorithm.step_reward`).
-    `group_filter`: the step's (levers may narrow the configured one; default the configured).
+    """One RL step: take and filter groups, make the batch, update, publish the weights.
+    Returns the new state, the step's metrics, its rollouts and, parallel to them, the
+    advantages each was trained with (None: not trained on) and its learned step rewards (None:
+    not scored; None for all without `algorithm.step_reward`). `reward_kl_coef` and
+    `group_filter`: the step's, as the levers set them (default: the configured ones).
     `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
     t0 = time.perf_counter()
     step = state.step + 1
@@ -354,7 +356,7 @@ def run_step(
     env_ids = dict(state.env_ids)
     mask_cut = cfg.rollout.cap_truncation == "mask"
     batch = make_batch(
-        collected.kept, parts, algo, env_ids=env_ids, settings=settings, mask_cut=mask_cut, step=step
+        collected.kept, parts, algo, env_ids=env_ids, kl_coef=reward_kl_coef, mask_cut=mask_cut, step=step
     )
     if batch.credit is not None:
         for alert in batch.credit[1].alerts:

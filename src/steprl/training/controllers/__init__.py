@@ -25,7 +25,7 @@ import torch
 from steprl.config import Config
 from steprl.training.components import Stateful, by_name, class_with
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
-from steprl.training.controllers.base import Adjustments, Controller, StepReport
+from steprl.training.controllers.base import Adjustments, Controller, Rollback, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
 from steprl.training.controllers.health import HealthMonitor
 from steprl.training.controllers.horizon_gated import HorizonGated
@@ -124,8 +124,9 @@ class Controllers:
         order: a health rule's curriculum hold reaches the horizon controllers after it."""
         out: list[Adjustments] = []
         for c in self.members.values():
-            levers = merge(out).levers
-            held = levers is not None and levers.hold_until >= report.step
+            # the `hold_until` lever acts here: the controllers after a health rule see its hold
+            hold = merge(out).hold_until
+            held = hold is not None and hold >= report.step
             out.append(c.observe(dataclasses.replace(report, hold_curriculum=held) if held else report))
         return merge(out)
 
@@ -178,6 +179,7 @@ def _reports(reads: Sequence[str], seed: int, steps: int) -> list[StepReport]:
 __all__ = [
     "CONTROLLERS",
     "Adjustments",
+    "Rollback",
     "Controller",
     "ControllerCheckError",
     "ControllerSpec",

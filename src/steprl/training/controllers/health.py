@@ -22,7 +22,7 @@ from steprl.config_health import RuleSection
 from steprl.health.actions import ACTIONS, Levers, Once
 from steprl.health.rules import holds
 from steprl.health.signals import SIGNALS, compute_signals, signal_value
-from steprl.training.controllers.base import Adjustments, StepReport
+from steprl.training.controllers.base import Adjustments, Rollback, StepReport
 
 
 class HealthMonitor:
@@ -44,7 +44,7 @@ class HealthMonitor:
         return HealthMonitor(h.effective_rules(), window=h.window, act=h.act)
 
     def current(self) -> Adjustments:
-        return Adjustments(levers=self.levers)
+        return _standing(self.levers)
 
     def observe(self, report: StepReport) -> Adjustments:
         step = report.step
@@ -82,9 +82,10 @@ class HealthMonitor:
             "health/lr_scale": self.levers.lr_scale,
             "health/kl_scale": self.levers.kl_scale,
         }
-        return Adjustments(
-            levers=self.levers,
-            once=once if once != Once() else None,
+        return replace(
+            _standing(self.levers),
+            rollback=Rollback(once.rollback, once.replay) if once.rollback else None,
+            snapshot=once.snapshot or None,
             stop=stop,
             metrics=metrics,
             events=tuple(events),
@@ -121,6 +122,17 @@ class HealthMonitor:
         self.last_fired = {str(k): int(v) for k, v in state["last_fired"].items()}
         self.fired = {r.name: int(state["fired"].get(r.name, 0)) for r in self.rules}
         self.levers = replace(Levers(), **state["levers"])
+
+
+def _standing(levers: Levers) -> Adjustments:
+    """The levers the rules' actions have set, as the trainer's named levers."""
+    return Adjustments(
+        lr_scale=levers.lr_scale,
+        kl_scale=levers.kl_scale,
+        entropy_coef=levers.entropy_coef,
+        min_group_std=levers.min_group_std,
+        hold_until=levers.hold_until,
+    )
 
 
 def _conds(rule: RuleSection) -> list[dict[str, Any]]:
