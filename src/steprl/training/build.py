@@ -188,7 +188,7 @@ def build(
     learner = _make_learner(cfg, policy, ref_model, value_head, pack)
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
         engine.update_weights(learner.weights(engine.version), version=engine.version)
-    critic = _make_critic(cfg, policy, value_head)
+    critic = _make_critic(cfg, policy, learner)
     step_credit = _make_step_credit(cfg, policy, ref_model)
     setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
     remote = _rollout_workers(cfg, run, engine, fmt, rule, sampling, policy, learner, cleanup, log)
@@ -279,13 +279,13 @@ def _make_learner(
     )
 
 
-def _make_critic(cfg: Config, policy: Policy, value_head: ValueHead | None) -> Critic | None:
+def _make_critic(cfg: Config, policy: Policy, learner: Learner) -> Critic | None:
     algo = cfg.algorithm
     if algo.critic == "none":
         return None
     args = CriticArgs(
         policy.model,
-        value_head,
+        learner,
         lr=algo.critic_lr,
         value_clip=algo.value_clip,
         grad_clip=cfg.trainer.grad_clip,

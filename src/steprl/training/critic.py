@@ -21,6 +21,7 @@ from steprl.algorithms.losses import value_loss
 from steprl.rollout.views import Sample
 from steprl.training.batching import collate, device_of, minibatches
 from steprl.training.guards import grad_metrics, guarded_step
+from steprl.training.learner_protocol import Learner
 
 
 class ValueHead(nn.Module):
@@ -50,19 +51,26 @@ def values_of(
     return head(hidden_states(model, input_ids, attention))[:, :-1]
 
 
-def per_token_values(
+def value_tensors(
     model: nn.Module, head: ValueHead, samples: Sequence[Sample], pad_id: int, micro_batch_size: int
-) -> list[tuple[float, ...]]:
-    """Target-aligned values per sample (entry t: V of the prefix that predicts input_ids[t + 1])."""
-    out: list[tuple[float, ...]] = []
+) -> list[torch.Tensor]:
+    """Target-aligned values per sample, (len - 1,) each (entry t: V of the prefix that predicts
+    input_ids[t + 1]), on the CPU."""
+    out: list[torch.Tensor] = []
     with torch.no_grad():
         for m0 in range(0, len(samples), micro_batch_size):
             chunk = samples[m0 : m0 + micro_batch_size]
             b = collate(chunk, pad_id).to(device_of(model))
-            v = values_of(model, head, b.input_ids, b.attention)
-            for i, s in enumerate(chunk):
-                out.append(tuple(v[i, : len(s.input_ids) - 1].tolist()))
+            v = values_of(model, head, b.input_ids, b.attention).cpu()
+            out += [v[i, : len(s.input_ids) - 1] for i, s in enumerate(chunk)]
     return out
+
+
+def per_token_values(
+    model: nn.Module, head: ValueHead, samples: Sequence[Sample], pad_id: int, micro_batch_size: int
+) -> list[tuple[float, ...]]:
+    """`value_tensors` as floats: what `Critic.values` returns."""
+    return [tuple(v.tolist()) for v in value_tensors(model, head, samples, pad_id, micro_batch_size)]
 
 
 @runtime_checkable
@@ -169,17 +177,17 @@ class SeparateCritic:
 
 
 class SharedCritic:
-    """A value head on the policy's hidden states. The learner trains it jointly with the policy
-    (`vf_coef`), so `update` has nothing left to do."""
+    """A value head on the policy's hidden states: the learner's, reached through its protocol
+    (`compute(values=True)`). The learner trains it jointly with the policy (`vf_coef`), so
+    `update` has nothing left to do."""
 
-    def __init__(self, policy: nn.Module, head: ValueHead, *, micro_batch_size: int, pad_id: int) -> None:
-        self.policy = policy
-        self.head = head
-        self.micro_batch_size = micro_batch_size
-        self.pad_id = pad_id
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
 
     def values(self, samples: Sequence[Sample]) -> list[tuple[float, ...]]:
-        return per_token_values(self.policy, self.head, samples, self.pad_id, self.micro_batch_size)
+        computed = self.learner.compute(samples, values=True)
+        assert computed.values is not None, "the learner holds no value head (algorithm.critic: shared)"
+        return [tuple(v.tolist()) for v in computed.values]
 
     def update(
         self, samples: Sequence[Sample], old_values: Sequence[Sequence[float]], **_: Any
@@ -197,8 +205,8 @@ class SharedCritic:
 class CriticArgs:
     """What any critic is made from."""
 
-    policy: nn.Module  # the policy model (a separate critic copies its backbone)
-    value_head: ValueHead | None  # the learner's shared head (`CriticSpec.shares_head`)
+    policy: nn.Module  # the policy model as the run starts (a separate critic copies its backbone)
+    learner: Learner  # the learner (a shared critic's values are its value head's)
     lr: float
     value_clip: float | None
     grad_clip: float
@@ -225,8 +233,7 @@ def _separate(a: CriticArgs) -> Critic:
 
 
 def _shared(a: CriticArgs) -> Critic:
-    assert a.value_head is not None, "a shared critic reads the learner's value head"
-    return SharedCritic(a.policy, a.value_head, micro_batch_size=a.micro_batch_size, pad_id=a.pad_id)
+    return SharedCritic(a.learner)
 
 
 #: `algorithm.critic` (besides "none"): one entry per kind, `check_critic` run over each

@@ -26,7 +26,7 @@ from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
 from steprl.training import checkpoint as ckpt
 from steprl.training.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
-from steprl.training.critic import ValueHead, collate_values
+from steprl.training.critic import ValueHead, collate_values, value_tensors
 from steprl.training.guards import grad_metrics, guarded_step
 from steprl.training.learner_protocol import Computed, LearnerLevers
 from steprl.training.lora import adapter_update, eval_mode, is_peft
@@ -111,17 +111,26 @@ class LocalLearner:
         logprobs: bool = False,
         ref_logprobs: bool = False,
         entropies: bool = False,
+        values: bool = False,
         eval_mode: bool = False,
     ) -> Computed:
         if ref_logprobs and self.ref_model is None:
             raise ValueError("ref_logprobs asked of a learner with no reference model (kl_coef 0)")
+        if values and self.value_head is None:
+            raise ValueError("values asked of a learner with no value head (algorithm.critic: shared)")
         with _probe_mode(self.model, self.device) if eval_mode else _nothing():
             stats = self._token_stats(rows) if logprobs or entropies else None
             ref = self._token_stats(rows, self.ref_model) if ref_logprobs else None
+            v = (
+                value_tensors(self.model, self.value_head, rows, self.pad_id, self.micro_batch_size)
+                if values and self.value_head is not None
+                else None
+            )
         return Computed(
             logprobs=tuple(lp for lp, _ in stats) if stats is not None and logprobs else None,
             ref_logprobs=tuple(lp for lp, _ in ref) if ref is not None else None,
             entropies=tuple(e for _, e in stats) if stats is not None and entropies else None,
+            values=tuple(v) if v is not None else None,
         )
 
     def apply(self, levers: LearnerLevers) -> None:

@@ -31,6 +31,7 @@ class Computed:
     logprobs: tuple[torch.Tensor, ...] | None = None  # under the current policy
     ref_logprobs: tuple[torch.Tensor, ...] | None = None  # under the frozen KL reference
     entropies: tuple[torch.Tensor, ...] | None = None  # token entropies under the current policy
+    values: tuple[torch.Tensor, ...] | None = None  # the shared value head's V of each prefix
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,13 @@ class Learner(Protocol):
         logprobs: bool = False,
         ref_logprobs: bool = False,
         entropies: bool = False,
+        values: bool = False,
         eval_mode: bool = False,
     ) -> Computed:
-        """What is asked for, in one policy pass (log-probs and entropies together) and one
-        reference pass. `eval_mode`: dropout off and no global RNG consumed (a probe)."""
+        """What is asked for, in one policy pass (log-probs and entropies together), one
+        reference pass and one pass of the shared value head (`algorithm.critic: shared`; values
+        are not masked: every position's). `eval_mode`: dropout off and no global RNG consumed
+        (a probe)."""
         ...
 
     def update(
