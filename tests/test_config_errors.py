@@ -17,7 +17,7 @@ import pytest
 
 import cli_zygote
 from steprl.config import ConfigError, load_config
-from steprl.config_checks import check_device, check_host, check_output_dir, config_warnings
+from steprl.config.checks import check_device, check_host, check_output_dir, config_warnings
 from steprl.envs.registry import EnvParamsError, UnknownEnvError
 from steprl.errors import UserError
 from steprl.training.env_setup import env_spec

@@ -38,7 +38,7 @@ class YamlTooLarge(UserError, ValueError):
 
 class BoundedLoader(yaml.SafeLoader):
     """`yaml.SafeLoader` that refuses nesting deeper than `MAX_DEPTH` while it composes, before
-    Python's recursion limit would (a subclass may add resolvers: `steprl.config_values`)."""
+    Python's recursion limit would (a subclass may add resolvers: `steprl.config.values`)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)

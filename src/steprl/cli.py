@@ -38,7 +38,7 @@ def _load(
     # imported here, not at the top: steprl.config imports torch (~1.5 s), which `steprl --help`
     # and `steprl serve-env` do not need
     from steprl.config import ConfigError, load_config
-    from steprl.config_checks import check_host
+    from steprl.config.checks import check_host
     from steprl.envs.registry import load_plugins
 
     try:

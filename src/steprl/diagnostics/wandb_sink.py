@@ -48,7 +48,7 @@ class WandbSink:
         table_every: int = 10,
         table_episodes: int = 4,
     ) -> None:
-        """The keyword settings are `logging.wandb`'s (`config_values.WandbSection`); `config`
+        """The keyword settings are `logging.wandb`'s (`config.values.WandbSection`); `config`
         is the whole run's, shown in W&B's config panel."""
         wandb = require("wandb", extra="wandb", feature=FEATURE)
         self.decode, self.table_every, self.table_episodes = decode, table_every, table_episodes

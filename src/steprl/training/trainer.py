@@ -36,7 +36,7 @@ import torch
 import transformers
 
 from steprl.config import Config
-from steprl.config_checks import check_host, config_warnings
+from steprl.config.checks import check_host, config_warnings
 from steprl.diagnostics import (
     TrainingProgress,
     env_metrics,

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from steprl.config import Config
-from steprl.config_health import RuleSection
+from steprl.config.health import RuleSection
 from steprl.health.actions import ACTIONS, Levers, Once
 from steprl.health.rules import holds
 from steprl.health.signals import SIGNALS, compute_signals, signal_value

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
-from steprl.config_values import check_params
+from steprl.config.values import check_params
 from steprl.training.components import Stateful, by_name, class_with
 from steprl.training.sources.admission import AdmissionSource
 from steprl.training.sources.difficulty import DifficultySource

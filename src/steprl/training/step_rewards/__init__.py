@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from steprl.config import ConfigError, StepRewardSection
-from steprl.config_values import check_params
+from steprl.config.values import check_params
 from steprl.training.components import by_name, class_with
 from steprl.training.step_rewards.base import ModelContext, StepData, StepRewardModel
 from steprl.training.step_rewards.credit import DriftGuard, Scored, StepCredit

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC
-from steprl.config import Config, ConfigError, ModelSection, RolloutSection, RuntimeSection
+from steprl.config.schema import Config, ConfigError, ModelSection, RolloutSection, RuntimeSection
 
 __all__ = [
     "check_cache_dir",

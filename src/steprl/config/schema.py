@@ -4,11 +4,11 @@ Every section forbids unknown keys, and every error is one line (`ConfigError`) 
 and the allowed values, e.g. `rollout.grup_size: unknown key; allowed keys: context, group_size,
 ...`; a YAML syntax error names its file, line and column. Values are never coerced: `'8'` is
 not a count, `true` not a number (an int is a float), and numbers have ranges (`rollout.group_size:
-Input should be a valid integer (got '8'); allowed values: an integer > 0`; `steprl.config_values`).
+Input should be a valid integer (got '8'); allowed values: an integer > 0`; `steprl.config.values`).
 A relative path written in a config file (`model.chat_template`, `env.task_file.path`, ...:
-`config_values.anchor_paths`) is relative to the file's folder; one given with --set, to the
+`config.values.anchor_paths`) is relative to the file's folder; one given with --set, to the
 working directory. What depends on this machine (device,
-output directory) and warnings about valid settings that mean nothing: `steprl.config_checks`.
+output directory) and warnings about valid settings that mean nothing: `steprl.config.checks`.
 Derived sizes (trajectories per step, mini-batch size) are computed once and printed at start.
 """
 
@@ -37,8 +37,8 @@ from steprl.algorithms import (
     estimators,
     filters,
 )
-from steprl.config_health import HealthSection, health_value
-from steprl.config_sections import (
+from steprl.config.health import HealthSection, health_value
+from steprl.config.sections import (
     CrossPolicySection,
     EnvEntry,
     EnvSection,
@@ -51,7 +51,7 @@ from steprl.config_sections import (
     TaskFileSection,
     TinySection,
 )
-from steprl.config_values import (
+from steprl.config.values import (
     ConfigError,
     WandbSection,
     anchor_paths,
@@ -61,7 +61,7 @@ from steprl.config_values import (
     read_yaml,
 )
 
-# the run, model and env sections live in config_sections; importable from here as before
+# the run, model and env sections live in config/sections.py; importable from here as before
 from steprl.engines.registry import ENGINES
 
 #: trajectories per RL step (group_size x tasks_per_step): a step holds all of them in memory
@@ -422,7 +422,7 @@ def _one_of(value: str, allowed: Any) -> str:
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Read YAML (or start from defaults), apply `key=value` overrides, validate. What depends
-    on this machine (the device, the output directory) is `steprl.config_checks.check_host`."""
+    on this machine (the device, the output directory) is `steprl.config.checks.check_host`."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)

@@ -84,7 +84,7 @@ class RunSection(Section):
 
 class TinySection(Section):
     # bounds far above a tiny model's sizes: past them a typo allocates until the machine runs
-    # out of memory (`config_checks.check_tiny_size` holds the whole model to this machine's RAM)
+    # out of memory (`config.checks.check_tiny_size` holds the whole model to this machine's RAM)
     hidden_size: int = Field(96, gt=0, le=8192)
     num_layers: int = Field(3, gt=0, le=256)
     num_heads: int = Field(4, gt=0, le=256)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from steprl.config_sections import Section
+from steprl.config.sections import Section
 from steprl.health.actions import ACTIONS, resolve_params
 from steprl.health.rules import DEFAULT_RULES
 from steprl.health.signals import SIGNALS
