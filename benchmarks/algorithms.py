@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from steprl.config import load_config
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 
 #: row name -> overrides on top of configs/calculator_tiny.yaml
 RUNS: dict[str, list[str]] = {

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from steprl.config import load_config  # noqa: E402
-from steprl.training.trainer import train  # noqa: E402
+from steprl.training.loop.trainer import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 #: every reply's delay: median 0.3 s, mean 0.9 s, p99 ~10 s capped at 8 s (the SFT warm start is

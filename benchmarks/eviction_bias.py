@@ -8,7 +8,7 @@ publishes twice while it runs. Per length bucket it prints how many tasks were a
 share of them trained (of those admitted in the first half of the run, so every one had time),
 the runs each took (1 = never evicted) and the steps from first admission to training; then
 the wall time, the learner's idle share and the rollout time spent per task (re-runs included:
-an evicted group ran to its end). Both eviction rules (`training/pipeline.py`
+an evicted group ran to its end). Both eviction rules (`training/loop/pipeline.py`
 EVICTION), over 3 seeds.
 
     python benchmarks/eviction_bias.py                  # 60 steps, 8 tasks per step, k = 1
@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from steprl.training.pipeline import EVICTION, Eviction, Pipeline
+from steprl.training.loop.pipeline import EVICTION, Eviction, Pipeline
 from steprl.training.sources.stream import StreamSource
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 

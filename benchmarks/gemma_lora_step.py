@@ -35,8 +35,8 @@ def learner_step(rows: int, tokens: int, dtype: str) -> dict[str, float]:
     import torch
 
     from steprl.config import LoraSection
-    from steprl.training.batching import token_logprobs
-    from steprl.training.lora import apply_lora
+    from steprl.training.learn.batching import token_logprobs
+    from steprl.training.learn.lora import apply_lora
 
     loaded = _load(dtype)
     model = apply_lora(loaded.model, LoraSection())
@@ -67,7 +67,7 @@ def fidelity(engine_dtype: str, learner_dtype: str) -> dict[str, float]:
 
     from steprl.engines.base import SamplingParams
     from steprl.engines.hf import HFEngine
-    from steprl.training.batching import token_logprobs
+    from steprl.training.learn.batching import token_logprobs
 
     loaded = _load(learner_dtype)
     tok = loaded.tokenizer

@@ -23,7 +23,7 @@ from steprl.algorithms import POLICY_LOSSES
 from steprl.models.tiny import TinyModelSpec, build_model, build_tokenizer
 from steprl.rollout.context import DropOldObservations, KeepLastK, StripThinking
 from steprl.rollout.views import Sample
-from steprl.training.learner import LocalLearner
+from steprl.training.learn.learner import LocalLearner
 
 PROMPT, ACTION, OBS, TASKS, SAMPLES = 40, 16, 24, 8, 8
 CLOSE = 15  # the `</think>` id for strip_thinking: put mid-action, so half of each action is cut
@@ -79,8 +79,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    from steprl.training.batching import collate
-    from steprl.training.packing import pack
+    from steprl.training.learn.batching import collate
+    from steprl.training.learn.packing import pack
 
     tok = build_tokenizer()
     base = build_model(len(tok), TinyModelSpec(), seed=0, pad_id=0, bos_id=1, eos_id=2)

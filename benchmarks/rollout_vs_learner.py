@@ -13,7 +13,7 @@ import statistics
 import tempfile
 
 from steprl.config import load_config
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 
 
 def main() -> None:

@@ -33,11 +33,11 @@ from steprl.diagnostics.metrics import is_success
 from steprl.engines.base import SamplingParams
 from steprl.rollout import seeds
 from steprl.rollout.loop import rollout_groups
-from steprl.training import env_setup
-from steprl.training.build import eval_tasks, rollout_setup
-from steprl.training.checkpoint import load_checkpoint_model
-from steprl.training.rollout_parts import engine_for
-from steprl.training.trainer import train
+from steprl.training.learn.checkpoint import load_checkpoint_model
+from steprl.training.loop.trainer import train
+from steprl.training.setup import env_setup
+from steprl.training.setup.build import eval_tasks, rollout_setup
+from steprl.training.setup.rollout_parts import engine_for
 
 LR = 1e-4  # the demo's (1e-3 collapsed both arms below the warm start in a trial)
 ARMS = {

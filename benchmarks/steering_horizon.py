@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from steprl.config import load_config
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 CONFIG = "configs/corridor_curriculum.yaml"

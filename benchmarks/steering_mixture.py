@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from steprl.config import load_config
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 
 SCALES = {"x1": 1.0, "x10": 10.0, "x0.1": 0.1}
 ARMS = {"k2": 2, "k3": 3, "k5": 5}

@@ -96,7 +96,7 @@ def run_one(
     env: str, name: str, seed: int, steps: int, eval_every: int, eval_tasks: int, flip_at: int
 ) -> dict:
     from steprl.config import load_config
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     lines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:

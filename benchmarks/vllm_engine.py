@@ -69,7 +69,7 @@ async def _round(engine: Any, prompts: list[list[int]], sampling: Any) -> float:
 
 def rl_steps(python: str) -> dict[str, tuple[float, float]]:
     from steprl.config import load_config
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     out = {}
     for name in ("hf", "vllm"):

@@ -41,10 +41,10 @@ from steprl.models.tiny import TinyModelSpec, build_model, build_tokenizer  # no
 from steprl.rollout.chat import PlainFormat  # noqa: E402
 from steprl.rollout.context import AppendOnly  # noqa: E402
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups  # noqa: E402
-from steprl.training import env_setup  # noqa: E402
-from steprl.training.build import build  # noqa: E402
+from steprl.training.loop.trainer import run_step, start_pipeline  # noqa: E402
+from steprl.training.setup import env_setup  # noqa: E402
+from steprl.training.setup.build import build  # noqa: E402
 from steprl.training.state import RngState, TrainState  # noqa: E402
-from steprl.training.trainer import run_step, start_pipeline  # noqa: E402
 
 TOKENIZER = build_tokenizer()
 

@@ -42,8 +42,8 @@ _PRELOAD = (
     "transformers.models.llama.modeling_llama",
     "steprl.cli",
     "steprl.config",
-    "steprl.training.trainer",
-    "steprl.training.build",
+    "steprl.training.loop.trainer",
+    "steprl.training.setup.build",
     "steprl.report.build",
 )
 

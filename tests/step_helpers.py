@@ -1,5 +1,5 @@
 """A synchronous group source for tests: the next tasks of the stream, rolled out in this
-process while the caller waits. The plainest `training.step_batch.GroupSource`, and the reference
+process while the caller waits. The plainest `training.loop.step_batch.GroupSource`, and the reference
 the pipeline at staleness 0 is checked against (the trainer itself always uses the pipeline)."""
 
 from __future__ import annotations

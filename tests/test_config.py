@@ -42,7 +42,7 @@ def test_default_demo_config_is_valid():
 def test_every_shipped_config_loads_and_names_an_env_with_its_sft_strategies():
     from pathlib import Path
 
-    from steprl.training.env_setup import run_envs
+    from steprl.training.setup.env_setup import run_envs
 
     configs = sorted(Path("configs").glob("*.yaml"))
     assert len(configs) >= 9

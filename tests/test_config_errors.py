@@ -20,7 +20,7 @@ from steprl.config import ConfigError, load_config
 from steprl.config.checks import check_device, check_host, check_output_dir, config_warnings
 from steprl.envs.registry import EnvParamsError, UnknownEnvError
 from steprl.errors import UserError
-from steprl.training.env_setup import env_spec
+from steprl.training.setup.env_setup import env_spec
 
 STEPRL = str(Path(sys.executable).parent / "steprl")
 ROOT = Path(__file__).resolve().parents[1]

@@ -78,7 +78,7 @@ def make_learner(model: Any, **overrides: Any) -> Any:
     """A `Learner` over `model` itself (copy it first to keep it) for unit tests: no policy loss
     (one that a test calls is given), token-mean, Adam at 1e-3, clip 1, micro-batches of 4;
     `overrides` are any of `Learner`'s keywords."""
-    from steprl.training.learner import LocalLearner
+    from steprl.training.learn.learner import LocalLearner
 
     settings: dict[str, Any] = {
         "policy_loss": lambda inputs: None,  # never called unless a test gives one

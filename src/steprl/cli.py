@@ -14,7 +14,7 @@ from steprl.hosting.command import serve_env
 
 if TYPE_CHECKING:
     from steprl.config import Config
-    from steprl.training.env_setup import RunEnv
+    from steprl.training.setup.env_setup import RunEnv
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="steprl: agentic RL for tool-using LMs.")
 console = Console()
@@ -52,7 +52,7 @@ def _load(
         cfg = cfg.model_copy(update={"env": cfg.env.model_copy(update={"plugins": merged})})
     load_plugins(cfg.env.plugins)  # now: a plugin that does not import is one line, before any work
     if env:  # a bad env name or param: one line now, not after the run directory is made
-        from steprl.training.env_setup import run_envs
+        from steprl.training.setup.env_setup import run_envs
 
         run_envs(cfg)
     return cfg
@@ -96,8 +96,8 @@ def train(
     cfg = _load(config, set_, plugin, output_dir=True)
     # imported after the config is checked: a config error is one line in ~3 s, not after the
     # trainer's imports
-    from steprl.training.held_out import describe_eval
-    from steprl.training.trainer import train as run_training
+    from steprl.training.loop.held_out import describe_eval
+    from steprl.training.loop.trainer import train as run_training
 
     result = run_training(cfg, log=console.print)
     w, f = result.warm_start, result.final
@@ -130,8 +130,8 @@ def sft(
 ) -> None:
     """Warm-start the tiny policy on scripted demonstrations (cached under model.cache_dir, unset:
     $STEPRL_CACHE or ~/.cache/steprl; keyed on the config, the env's code and its tasks)."""
-    from steprl.training import env_setup
-    from steprl.training.policy import load_policy
+    from steprl.training.setup import env_setup
+    from steprl.training.setup.policy import load_policy
 
     cfg = _load(config, set_, plugin)
     if cfg.model.name != "tiny":
@@ -157,8 +157,8 @@ def eval_(
     plugin: list[str] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Evaluate a checkpoint on held-out tasks."""
-    from steprl.training.checkpoint import resolve_checkpoint
-    from steprl.training.evaluate_cli import evaluate_checkpoint
+    from steprl.training.commands.evaluate_cli import evaluate_checkpoint
+    from steprl.training.learn.checkpoint import resolve_checkpoint
 
     # a run directory or checkpoints/ means its newest checkpoint that verifies (a corrupt one
     # falls back, with a warning); a checkpoint named by its path that fails is one line, exit 2
@@ -195,7 +195,7 @@ def check_env_cmd(
     solvability; stochastic and live envs run the checks their spec declares (see the report).
     A YAML config checks its `env` section (name, params, task_params, task_file, plugins).
     An env call that hangs fails the check after the deadline (--call-timeout-s)."""
-    from steprl.training import env_setup
+    from steprl.training.setup import env_setup
 
     overrides = list(set_)
     if not target.endswith((".yaml", ".yml")):
@@ -323,7 +323,7 @@ def check_template_cmd(
     """Render multi-turn tool conversations incrementally (as the agent loop does) and whole, and
     report the first token where they differ, with the decoded context. Exit 1 on an
     unexpected difference."""
-    from steprl.training.template_cli import run_checks
+    from steprl.training.commands.template_cli import run_checks
 
     if context is not None and context not in ("append_only", "keep_thinking", "strip_thinking"):
         from steprl.config import ConfigError
@@ -383,7 +383,7 @@ def serve_policy_cmd(
     sampled, a new sample (a counted branch) when it did not; ids and log-probs of unequal
     length fail the call."""
     cfg = _load(config, set_, plugin)
-    from steprl.training.serve_policy import serve_policy
+    from steprl.training.commands.serve_policy import serve_policy
 
     serve_policy(cfg, port, log=lambda m: console.print(m, markup=False, highlight=False))
 

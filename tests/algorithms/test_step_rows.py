@@ -12,7 +12,7 @@ import torch
 from steprl.algorithms import ADVANTAGE_NEEDS_CRITIC, ADVANTAGES, advantages, estimators
 from steprl.algorithms.check import synthetic_inputs, varied_rollouts
 from steprl.rollout.views import packed_view, per_step_view
-from steprl.training.step_batch import advantage_inputs
+from steprl.training.loop.step_batch import advantage_inputs
 from steprl.types import EndReason, Step, Trajectory
 
 

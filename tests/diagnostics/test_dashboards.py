@@ -21,7 +21,7 @@ from cli_runs import TINY_SCRATCH
 from steprl.config import ConfigError, load_config
 from steprl.diagnostics.sinks import read_metrics_jsonl
 from steprl.diagnostics.wandb_sink import TABLE_COLUMNS, TABLE_KEY
-from steprl.training.trainer import TrainResult, train
+from steprl.training.loop.trainer import TrainResult, train
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import pytest
 
 from steprl.algorithms.losses import adaptive_kl_beta
 from steprl.config import ConfigError, load_config
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 from tiny_runs import QUIET, small_config
 
 pytestmark = pytest.mark.e2e

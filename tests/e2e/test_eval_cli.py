@@ -21,7 +21,7 @@ import cli_zygote
 from cli_runs import STEPRL, assert_one_line
 from steprl.config import dump_config
 from steprl.models import tiny
-from steprl.training.checkpoint import save_checkpoint, write_model
+from steprl.training.learn.checkpoint import save_checkpoint, write_model
 from tiny_runs import small_config
 
 pytestmark = pytest.mark.e2e

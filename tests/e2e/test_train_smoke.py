@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from steprl.config import ConfigError
 from steprl.diagnostics import read_trajectories
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 from tiny_runs import small_config
 
 pytestmark = pytest.mark.e2e

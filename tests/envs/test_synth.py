@@ -439,7 +439,7 @@ def test_user_errors_reach_erpo_from_the_agent_loop(tokenizer) -> None:
     from steprl.rollout.context import AppendOnly
     from steprl.rollout.demos import play_demos
     from steprl.rollout.loop import Budgets
-    from steprl.training.step_batch import user_errors
+    from steprl.training.loop.step_batch import user_errors
 
     spec = get_spec("synth", ASKING)
     tasks = list(islice(spec.tasks("train", 0), 16))
@@ -475,7 +475,7 @@ def test_user_errors_reach_erpo_from_the_agent_loop(tokenizer) -> None:
 
 def test_a_simulated_user_env_trains_from_yaml(tmp_path: Path) -> None:
     from steprl.config import load_config
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     cfg = load_config(
         ROOT / "configs" / "synth_shop_ask_tiny.yaml",

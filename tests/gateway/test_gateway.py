@@ -27,7 +27,7 @@ from steprl.hosting.local_server import free_port
 from steprl.models import qwen3_testbed
 from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.views import Sample
-from steprl.training.batching import collate, token_logprobs
+from steprl.training.learn.batching import collate, token_logprobs
 
 TOKEN = "gw-test-token"
 WEATHER = {

@@ -266,7 +266,7 @@ def test_bad_harness_params_are_one_line(params: dict[str, Any], says: str) -> N
 
 def _train_small(tmp_path: Path, extra: Sequence[str]) -> Any:
     from steprl.config import load_config
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
     from tiny_runs import QUIET, SMALL
 
     cfg = load_config(

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from steprl.training.trainer import TrainResult, train
+from steprl.training.loop.trainer import TrainResult, train
 from tiny_runs import QUIET, small_config
 
 pytestmark = pytest.mark.e2e

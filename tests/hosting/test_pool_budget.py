@@ -25,8 +25,8 @@ from steprl.hosting.pool import EnvPool
 from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
+from steprl.training.loop.step_batch import collect_groups
 from steprl.training.sources.stream import StreamSource
-from steprl.training.step_batch import collect_groups
 from steprl.types import EndReason, Group, Task, Trajectory
 
 
@@ -217,7 +217,7 @@ def flaky_env():
 @pytest.mark.e2e
 def test_env12_training_skips_over_budget_steps_with_an_alert(tmp_path, flaky_env) -> None:
     from steprl.config import load_config
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     cfg = load_config(
         "configs/calculator_tiny.yaml",

@@ -251,8 +251,8 @@ def test_an_async_env_stays_on_the_loop_under_the_same_deadline():
 
 def test_training_stops_in_one_line_when_the_task_factory_never_yields_an_eval_task():
     from steprl.config import load_config
-    from steprl.training.build import NoEvalTasks, eval_tasks
-    from steprl.training.env_setup import run_envs
+    from steprl.training.setup.build import NoEvalTasks, eval_tasks
+    from steprl.training.setup.env_setup import run_envs
 
     cfg = load_config(None, ["env.name=hang_noeval", "runtime.env_call_timeout_s=0.5"])
     started = time.monotonic()

@@ -39,7 +39,7 @@ TRAIN = {
 LOAD = """
 import json, sys
 from steprl.models.sources import load_pretrained
-from steprl.training.template_cli import load_tokenizer
+from steprl.training.commands.template_cli import load_tokenizer
 loaded = load_pretrained(sys.argv[1], dtype="float32", device="cpu", cache_dir="unused", chat_template=None,
                          log=lambda line: None)
 params = sum(p.numel() for p in loaded.model.parameters())

@@ -246,7 +246,7 @@ def test_gemma_converts_once_and_reloads_fast():
 
 def test_load_policy_reads_a_pretrained_dir_through_load_pretrained(llama_dir, tmp_path):
     from steprl.config import load_config
-    from steprl.training.policy import load_policy
+    from steprl.training.setup.policy import load_policy
 
     cfg = load_config(
         overrides=[

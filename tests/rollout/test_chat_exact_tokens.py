@@ -47,7 +47,7 @@ from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups, run_episode
 from steprl.rollout.views import packed_view
-from steprl.training.batching import collate, token_logprobs
+from steprl.training.learn.batching import collate, token_logprobs
 from steprl.types import EndReason, Task, Trajectory
 
 N_TASKS, GROUP, MAX_TURNS, TOKENS_PER_TURN = 5, 8, 4, 24  # each task prompt once

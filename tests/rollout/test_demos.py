@@ -16,7 +16,7 @@ from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.demos import play_demos
 from steprl.rollout.loop import Budgets
 from steprl.rollout.views import packed_view
-from steprl.training.sft import DemoError, make_demos
+from steprl.training.setup.sft import DemoError, make_demos
 from steprl.types import EndReason, Task
 
 

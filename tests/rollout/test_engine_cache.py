@@ -19,7 +19,7 @@ from steprl.rollout.chat import PlainFormat
 from steprl.rollout.context import AppendOnly
 from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
 from steprl.rollout.views import packed_view
-from steprl.training.batching import collate, token_logprobs
+from steprl.training.learn.batching import collate, token_logprobs
 
 
 def _engine(model, tokenizer, **kw):

@@ -13,7 +13,7 @@ from steprl.engines.base import SamplingParams
 from steprl.engines.hf import HFEngine, request_uniforms, sample_from_logits
 from steprl.rollout.context import AppendOnly, KeepLastK
 from steprl.rollout.views import packed_view, per_step_view
-from steprl.training.batching import collate, token_logprobs
+from steprl.training.learn.batching import collate, token_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -23,8 +23,8 @@ import torch
 from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.vllm_engine import VLLMEngine, VLLMStartError
 from steprl.models import tiny
-from steprl.training.batching import token_logprobs
-from steprl.training.lora import adapter_update, apply_lora
+from steprl.training.learn.batching import token_logprobs
+from steprl.training.learn.lora import adapter_update, apply_lora
 from vllm_venv import vllm_python
 
 #: vLLM runs from a venv of its own, built on first use (minutes): `make soak` runs these
@@ -172,7 +172,7 @@ def test_a_model_vllm_cannot_serve_on_cpu_is_one_line(tokenizer: Any) -> None:
 
 
 def test_a_run_trains_on_the_vllm_engine_from_yaml(tmp_path: Path) -> None:
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
     from tiny_runs import QUIET, small_config
 
     shape = ["model.tiny.hidden_size=64", "model.tiny.num_heads=2", "model.tiny.intermediate_size=128"]

@@ -19,7 +19,7 @@ import torch
 import cli_zygote
 from steprl.config import dump_config
 from steprl.diagnostics import read_trajectories
-from steprl.training.trainer import train
+from steprl.training.loop.trainer import train
 from tiny_runs import small_config
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from steprl.models import tiny
-from steprl.training import checkpoint as ckpt
+from steprl.training.learn import checkpoint as ckpt
 
 
 class Killed(BaseException):

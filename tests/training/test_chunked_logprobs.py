@@ -1,4 +1,4 @@
-"""Chunked log-probs (training/batching.py) equal the full (B, T, V) computation they replace.
+"""Chunked log-probs (training/learn/batching.py) equal the full (B, T, V) computation they replace.
 
 `full_logprobs` is the old path, kept here as the reference: full logits, fp32, / temperature,
 log-softmax over the whole vocabulary.
@@ -22,7 +22,7 @@ from transformers import (
 )
 
 from steprl.errors import UserError
-from steprl.training.batching import last_hidden, logprobs_at, token_logprobs
+from steprl.training.learn.batching import last_hidden, logprobs_at, token_logprobs
 
 B, T = 3, 12
 

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from steprl.training.critic import CRITICS, CriticArgs, ValueHead, check_critic
+from steprl.training.learn.critic import CRITICS, CriticArgs, ValueHead, check_critic
 from tiny_runs import make_learner
 
 

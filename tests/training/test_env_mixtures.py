@@ -14,11 +14,11 @@ import torch
 from steprl.algorithms import POLICY_LOSSES, estimators
 from steprl.config import AlgorithmSection
 from steprl.rollout.views import packed_view
-from steprl.training.batching import collate
-from steprl.training.learner import LocalLearner
+from steprl.training.learn.batching import collate
+from steprl.training.learn.learner import LocalLearner
+from steprl.training.loop.step_batch import advantage_inputs, postprocess
 from steprl.training.sources import make_source, take
 from steprl.training.sources.check import ENVS, synthetic_splits
-from steprl.training.step_batch import advantage_inputs, postprocess
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 
 
@@ -134,7 +134,7 @@ def test_learning_progress_resumes_bit_identical_and_logs_its_weights(tmp_path):
     gradient share."""
     from test_resume import MIXTURE, _quiet, _rows, assert_same_run
 
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
     from tiny_runs import small_config
 
     base = ["trainer.total_steps=2", "trainer.eval_every=1", f"env.mix={MIXTURE}"]

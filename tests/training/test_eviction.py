@@ -1,4 +1,4 @@
-"""The eviction rule (training/pipeline.py EVICTION): with `requeue` an evicted long episode's
+"""The eviction rule (training/loop/pipeline.py EVICTION): with `requeue` an evicted long episode's
 re-run can be overtaken again; with `age_priority` the learner waits for it, and it is trained
 at staleness 0 in the step that evicted it. (benchmarks/eviction_bias.py measures the bias.)"""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from steprl.training.pipeline import Pipeline
+from steprl.training.loop.pipeline import Pipeline
 from steprl.training.sources.stream import StreamSource
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 

@@ -1,4 +1,4 @@
-"""What the trainer does with the health levers (`training/health_run.py`): the learning rate,
+"""What the trainer does with the health levers (`training/loop/health_run.py`): the learning rate,
 the entropy bonus and the KL coefficient it sets on the learner every step, the KL in the reward
 it scales, and the group filter's strength; `kl_scale` on a run without a KL term is refused."""
 
@@ -14,9 +14,9 @@ import torch
 
 from steprl.config import ConfigError, load_config
 from steprl.training.controllers import Adjustments
-from steprl.training.health_run import group_filter
-from steprl.training.learner import LocalLearner
-from steprl.training.levers import LEVERS
+from steprl.training.learn.learner import LocalLearner
+from steprl.training.loop.health_run import group_filter
+from steprl.training.loop.levers import LEVERS
 from tiny_runs import make_learner
 
 
@@ -84,7 +84,7 @@ def test_kl_scale_on_a_run_without_a_kl_term_is_refused():
 def test_a_rollback_serves_the_undone_steps_tasks_again_or_skips_them(tmp_path, replay):
     from cli_runs import TINY_SCRATCH
     from steprl.diagnostics import read_trajectories
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     rule = (
         "[{name: undo, when: [{signal: approx_kl, above: -1}], steps: 2, budget: 1, then: alert,"
@@ -126,7 +126,7 @@ def test_the_ring_serves_each_undone_steps_tasks_once_and_round_trips(small_mode
     those steps are dropped from the ring, so a second rollback neither restores weights the
     first undid nor serves their tasks twice; the ring's state (tasks as plain data) loads back
     with `weights_only=True`."""
-    from steprl.training.health_snapshots import SnapshotRing
+    from steprl.training.learn.health_snapshots import SnapshotRing
     from steprl.types import Task
 
     ring = SnapshotRing(_learner(small_model), size=4)
@@ -146,7 +146,7 @@ def test_the_ring_serves_each_undone_steps_tasks_once_and_round_trips(small_mode
 
 
 def test_every_lever_has_a_phase_the_trainer_calls():
-    from steprl.training.levers import PHASES, check_levers
+    from steprl.training.loop.levers import PHASES, check_levers
 
     check_levers()
     assert {lever.phase for lever in LEVERS.values()} == set(PHASES)

@@ -21,9 +21,9 @@ from steprl.rollout.context import AppendOnly
 from steprl.rollout.loop import Budgets, run_episode
 from steprl.rollout.views import packed_view
 from steprl.training.controllers import Controllers, StepReport
-from steprl.training.pipeline import Pipeline
+from steprl.training.loop.pipeline import Pipeline
+from steprl.training.loop.step_batch import make_batch
 from steprl.training.sources.stream import StreamSource
-from steprl.training.step_batch import make_batch
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 
 

@@ -6,7 +6,7 @@ import torch
 from steprl.algorithms import ADVANTAGES
 from steprl.algorithms.inputs import AdvantageInputs
 from steprl.rollout.views import Sample
-from steprl.training.step_batch import with_kl_in_reward
+from steprl.training.loop.step_batch import with_kl_in_reward
 
 
 def test_kl_in_reward_hand_computed():

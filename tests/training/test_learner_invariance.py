@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from steprl.algorithms import POLICY_LOSSES
-from steprl.training.batching import collate
-from steprl.training.learner import LocalLearner
+from steprl.training.learn.batching import collate
+from steprl.training.learn.learner import LocalLearner
 
 
 def _learner(model, aggregation, micro, loss="ppo_clip"):

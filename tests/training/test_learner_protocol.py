@@ -18,7 +18,7 @@ from cli_runs import TINY_SCRATCH
 from steprl.algorithms import POLICY_LOSSES
 from steprl.config import load_config
 from steprl.engines.weights import WeightUpdate
-from steprl.training.learner_protocol import Computed, Learner, LearnerLevers, check_learner
+from steprl.training.learn.learner_protocol import Computed, Learner, LearnerLevers, check_learner
 from tiny_runs import make_learner
 
 
@@ -79,8 +79,8 @@ class Counting:
 
 
 def test_a_whole_run_goes_through_the_protocol(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from steprl.training import build
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
+    from steprl.training.setup import build
 
     calls: Counter[str] = Counter()
     local = build.LocalLearner
@@ -125,7 +125,7 @@ def test_a_checkpoint_of_the_old_layout_resumes_as_the_new_one(tmp_path) -> None
     import torch
 
     from steprl.errors import UserError
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     def run(name: str, *extra: str) -> Any:
         sets = [*TINY_SCRATCH, f"run.output_dir={tmp_path}", f"run.name={name}", "logging.tensorboard=false"]

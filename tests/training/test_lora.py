@@ -23,9 +23,9 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM  # 
 from steprl.engines.hf import EngineSettings, HFEngine  # noqa: E402
 from steprl.engines.lora_merge import AdapterUpdate, LoraMergeError, LoraMerger  # noqa: E402
 from steprl.models import tiny  # noqa: E402
-from steprl.training.batching import device_of, token_logprobs  # noqa: E402
-from steprl.training.checkpoint import load_checkpoint_model, save_checkpoint, write_model  # noqa: E402
-from steprl.training.lora import (  # noqa: E402
+from steprl.training.learn.batching import device_of, token_logprobs  # noqa: E402
+from steprl.training.learn.checkpoint import load_checkpoint_model, save_checkpoint, write_model  # noqa: E402
+from steprl.training.learn.lora import (  # noqa: E402
     AdaptersDisabled,
     LoraConfigError,
     adapter_update,
@@ -398,7 +398,7 @@ LORA = ["model.init=scratch", "model.lora={r: 4, alpha: 8, target_modules: [q_pr
 @pytest.mark.e2e
 def test_lora_training_run_keeps_engine_and_learner_logprobs_equal(tmp_path):
     """Two steps with a KL term (the reference: the base, adapters off), on the tiny model."""
-    from steprl.training.trainer import train
+    from steprl.training.loop.trainer import train
 
     extra = [*LORA, "algorithm.kl_coef=0.1", "trainer.eval_tasks=4", "logging.tensorboard=false"]
     lines: list[str] = []

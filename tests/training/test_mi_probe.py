@@ -1,4 +1,4 @@
-"""The MI probe (training/mi_probe.py) on the small random model: which rows it scores, that each
+"""The MI probe (training/loop/mi_probe.py) on the small random model: which rows it scores, that each
 score is the teacher-forced log-prob of the action under the prompt, and that it leaves the model,
 its mode and every RNG as it found them."""
 
@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from steprl.training.batching import token_logprobs
-from steprl.training.mi_probe import mi_probe, probe_groups, score_matrix
+from steprl.training.learn.batching import token_logprobs
+from steprl.training.loop.mi_probe import mi_probe, probe_groups, score_matrix
 from steprl.types import EndReason, Step, Trajectory
 from tiny_runs import make_learner
 
@@ -114,7 +114,7 @@ def test_lora_goes_through_learner_model_and_its_dropout_is_off(small_model):
     pytest.importorskip("peft")
     from types import SimpleNamespace
 
-    from steprl.training.lora import apply_lora
+    from steprl.training.learn.lora import apply_lora
 
     spec = SimpleNamespace(r=4, alpha=8.0, dropout=0.5, target_modules=["q_proj", "v_proj"])
     lora = _learner(apply_lora(copy.deepcopy(small_model), spec))

@@ -20,11 +20,11 @@ from steprl.envs.base import Observation
 from steprl.envs.library.calculator import CalculatorEnv
 from steprl.envs.registry import ENVS, EnvSpec, get_spec, register
 from steprl.errors import RunAborted
-from steprl.training.held_out import describe_eval
-from steprl.training.learner import LocalLearner
+from steprl.training.learn.learner import LocalLearner
+from steprl.training.loop.held_out import describe_eval
+from steprl.training.loop.step_batch import collect_groups, valid
+from steprl.training.loop.trainer import train
 from steprl.training.sources.stream import StreamSource
-from steprl.training.step_batch import collect_groups, valid
-from steprl.training.trainer import train
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 from tiny_runs import small_config
 

@@ -19,8 +19,8 @@ import torch
 from cli_runs import run_steprl
 from steprl.diagnostics import read_trajectories
 from steprl.diagnostics.sinks import TrajectoryWriter
-from steprl.training.resume import repair_trajectories
-from steprl.training.trainer import train
+from steprl.training.loop.resume import repair_trajectories
+from steprl.training.loop.trainer import train
 from steprl.types import EndReason, Trajectory
 from tiny_runs import QUIET, SMALL, small_config
 

@@ -1,4 +1,4 @@
-"""Prefix-tree rows (training/packing.py) against the per-step rows they replace.
+"""Prefix-tree rows (training/learn/packing.py) against the per-step rows they replace.
 
 The per-step rows are the reference: for every history-editing context rule, and for a group's
 shared prompt, the packed trees must give the same log-probs (1e-5, fp32) and the same
@@ -12,9 +12,9 @@ import torch
 
 from steprl.rollout.context import DropOldObservations, KeepLastK, StripThinking
 from steprl.rollout.views import Sample, packed_view, per_step_view
-from steprl.training.batching import batch_hidden, collate, logprobs_at
-from steprl.training.learner import LocalLearner
-from steprl.training.packing import pack
+from steprl.training.learn.batching import batch_hidden, collate, logprobs_at
+from steprl.training.learn.learner import LocalLearner
+from steprl.training.learn.packing import pack
 
 
 def _with_advantages(samples):
@@ -75,7 +75,7 @@ def test_per_step_rows_packed_into_trees_give_the_same_logprobs_and_gradients(
     tokenizer, small_model, sample_rollouts, rule, monkeypatch
 ):
     # exactness does not depend on the saving: pack even where the default would not bother
-    monkeypatch.setattr("steprl.training.batching.PACK_WHEN_NODES_BELOW", 1.01)
+    monkeypatch.setattr("steprl.training.learn.batching.PACK_WHEN_NODES_BELOW", 1.01)
     trajs = sample_rollouts(rule, engine_seed=5, n_tasks=4, group_size=3)
     assert sum(len(t.steps) > 2 for t in trajs) >= 2, "want trajectories of several turns"
     samples = _with_advantages([s for i, t in enumerate(trajs) for s in per_step_view(t, i)])
@@ -87,7 +87,7 @@ def test_per_step_rows_packed_into_trees_give_the_same_logprobs_and_gradients(
 def test_a_groups_shared_prompt_is_computed_once(tokenizer, small_model, sample_rollouts, monkeypatch):
     from steprl.rollout.context import AppendOnly
 
-    monkeypatch.setattr("steprl.training.batching.PACK_WHEN_NODES_BELOW", 1.01)
+    monkeypatch.setattr("steprl.training.learn.batching.PACK_WHEN_NODES_BELOW", 1.01)
 
     trajs = sample_rollouts(AppendOnly(), engine_seed=2, n_tasks=3, group_size=4, max_tokens_per_turn=6)
     samples = _with_advantages([packed_view(t, i) for i, t in enumerate(trajs)])
@@ -108,7 +108,7 @@ def test_a_trained_token_is_never_shared_by_two_rows():
 def test_learner_update_is_the_same_packed_or_not(tokenizer, small_model, sample_rollouts, monkeypatch):
     import copy
 
-    monkeypatch.setattr("steprl.training.batching.PACK_WHEN_NODES_BELOW", 1.01)
+    monkeypatch.setattr("steprl.training.learn.batching.PACK_WHEN_NODES_BELOW", 1.01)
 
     trajs = sample_rollouts(DropOldObservations(1), engine_seed=5, n_tasks=3, group_size=3)
     samples = _with_advantages([s for i, t in enumerate(trajs) for s in per_step_view(t, i)])

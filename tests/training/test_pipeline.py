@@ -1,4 +1,4 @@
-"""The rollout pipeline (training/pipeline.py): admission window, eviction with re-queue, pending
+"""The rollout pipeline (training/loop/pipeline.py): admission window, eviction with re-queue, pending
 work, staleness metrics; and the in-process producer against the synchronous rollout."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from step_helpers import SyncSource, local_rollout
 from steprl.engines.base import SamplingParams
 from steprl.rollout.loop import Budgets
-from steprl.training.pipeline import Finished, Pipeline, staleness_metrics
-from steprl.training.producers import LocalProducer
+from steprl.training.loop.pipeline import Finished, Pipeline, staleness_metrics
+from steprl.training.loop.producers import LocalProducer
 from steprl.training.sources.stream import StreamSource
 from steprl.types import EndReason, Group, Step, Task, Trajectory
 

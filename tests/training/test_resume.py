@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 import cli_zygote
 from steprl.config import ConfigError, dump_config
 from steprl.diagnostics import read_trajectories
-from steprl.training.resume import check_config_change
-from steprl.training.trainer import train
+from steprl.training.loop.resume import check_config_change
+from steprl.training.loop.trainer import train
 from tiny_runs import small_config
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""`steprl eval` builds its engine with the run's settings (`training/rollout_parts.py`), as
+"""`steprl eval` builds its engine with the run's settings (`training/setup/rollout_parts.py`), as
 training and its Ray rollout workers do: it used to ignore `model.engine_dtype` and the
 `rollout` engine settings."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from steprl.models import tiny
-from steprl.training import evaluate_cli
-from steprl.training.rollout_parts import engine_settings
+from steprl.training.commands import evaluate_cli
+from steprl.training.setup.rollout_parts import engine_settings
 from tiny_runs import save_small_llama, small_config
 
 

@@ -25,9 +25,9 @@ from steprl.diagnostics.sinks import (
 )
 from steprl.models import tiny
 from steprl.report import write_report
-from steprl.training import checkpoint as ckpt
-from steprl.training import health_run
-from steprl.training.trainer import train
+from steprl.training.learn import checkpoint as ckpt
+from steprl.training.loop import health_run
+from steprl.training.loop.trainer import train
 from steprl.types import EndReason, Trajectory
 from tiny_runs import QUIET, small_config
 

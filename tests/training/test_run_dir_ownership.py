@@ -168,7 +168,7 @@ def test_an_output_dir_that_cannot_be_made_is_one_line() -> None:
     """`run.output_dir` under /proc (found by the fault battery): a FileNotFoundError traceback
     from making the lock's folder before; now the one-line refusal naming the key."""
     from steprl.errors import UserError
-    from steprl.training.run_lock import hold_run_dir
+    from steprl.training.loop.run_lock import hold_run_dir
 
     with (
         pytest.raises(UserError, match=r"run.output_dir: cannot write /proc/steprl-fault"),

@@ -10,8 +10,8 @@ import pytest
 
 from cli_runs import assert_one_line, run_steprl
 from steprl.config import ConfigError, load_config
-from steprl.training.resume import MARKER, is_run_dir
-from steprl.training.trainer import train
+from steprl.training.loop.resume import MARKER, is_run_dir
+from steprl.training.loop.trainer import train
 from tiny_runs import QUIET, small_config
 
 pytestmark = pytest.mark.e2e

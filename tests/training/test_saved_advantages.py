@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from steprl.rollout.views import Sample, packed_view, per_step_view, targets
-from steprl.training.saved_advantages import saved_advantages
-from steprl.training.step_batch import Row, StepBatch
+from steprl.training.loop.saved_advantages import saved_advantages
+from steprl.training.loop.step_batch import Row, StepBatch
 from steprl.types import EndReason, Step, Trajectory
 
 OFF_MASK = -99.0  # never a saved value: no estimator puts weight off the mask, this test does

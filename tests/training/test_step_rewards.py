@@ -16,7 +16,7 @@ import torch
 from steprl.algorithms.estimators import grpo
 from steprl.config import ConfigError, StepRewardSection, load_config
 from steprl.training import step_rewards
-from steprl.training.step_reward_check import check_kind, check_step_reward, sample_data
+from steprl.training.commands.step_reward_check import check_kind, check_step_reward, sample_data
 from steprl.training.step_rewards import STEP_REWARDS, ModelContext, StepCredit, StepData
 from steprl.training.step_rewards.agreement import auroc, kendall_within_groups, positive_share_on_failures
 from steprl.training.step_rewards.credit import DriftGuard

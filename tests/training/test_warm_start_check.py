@@ -1,13 +1,13 @@
 """A warm start too weak for RL to lift is named before the first RL step (issue 44 item 14):
 one WARNING line with the held-out success, the tool-call rate, and how far to lengthen
-`model.sft` (the rule and its data: `training/warm_start_check.py`)."""
+`model.sft` (the rule and its data: `training/setup/warm_start_check.py`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cli_runs import run_steprl
-from steprl.training.warm_start_check import MIN_SUCCESS, advice, read_warm_start
+from steprl.training.setup.warm_start_check import MIN_SUCCESS, advice, read_warm_start
 from steprl.types import EndReason, Step, Trajectory
 from tiny_runs import SMALL
 

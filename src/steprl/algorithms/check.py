@@ -102,7 +102,7 @@ def _action_len(rollout: Rollout, step: int) -> int:
 def synthetic_inputs(
     rollouts: list[Rollout], *, step_rows: bool = False, values: str = ""
 ) -> AdvantageInputs:
-    """`AdvantageInputs` laid out as `training/step_batch.py: advantage_inputs` builds them from
+    """`AdvantageInputs` laid out as `training/loop/step_batch.py: advantage_inputs` builds them from
     trajectories, without a model.
 
     Rows are whole trajectories (prompt, then each step's action tokens, an observation between

@@ -95,7 +95,7 @@ class RolloutSection(Section):
     continuous_batching: bool = True
     prefix_cache_mib: int = Field(1024, ge=0)  # keys/values kept across turns; 0: re-prefill
     # asynchronous training: rollouts may run this many policy versions ahead of the learner
-    # (0: synchronous; training/pipeline.py states the rule, docs/async.md what it buys)
+    # (0: synchronous; training/loop/pipeline.py states the rule, docs/async.md what it buys)
     max_staleness: int = Field(0, ge=0)
     # a group evicted for staleness: "requeue" (runs again when its turn comes) or "age_priority"
     # (the step that evicted it waits for its re-run: long episodes re-run less, the learner waits
@@ -279,7 +279,7 @@ class TrainerSection(Section):
     mini_batches: int = Field(2, gt=0)  # optimizer steps per epoch
     micro_batch_size: int = Field(64, gt=0)  # rows per forward/backward (memory only; loss unchanged)
     # rows sharing a prefix (a group's prompt; a history-editing context's per-step rows) are
-    # computed once, as prefix trees (training/packing.py), where the model and loss allow it;
+    # computed once, as prefix trees (training/learn/packing.py), where the model and loss allow it;
     # false: every row on its own
     pack_rows: bool = True
     grad_clip: float = Field(1.0, gt=0)

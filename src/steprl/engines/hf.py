@@ -41,7 +41,7 @@ JOIN_MIN_STEPS = 4
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How a run's engines batch, cache and sample: one record (`training/rollout_parts.py`
+    """How a run's engines batch, cache and sample: one record (`training/setup/rollout_parts.py`
     builds it from the config) for every engine of a run, in-process and on Ray rollout workers,
     so their settings cannot drift apart. Where the weights live (device, dtype) is not here: that
     is each process's own."""

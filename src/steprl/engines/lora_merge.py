@@ -1,6 +1,6 @@
 """LoRA on the engine side: adapters in, merged weights out, no peft at generation time.
 
-The learner trains LoRA adapters (`training/lora.py`); generating through an unmerged peft model
+The learner trains LoRA adapters (`training/learn/lora.py`); generating through an unmerged peft model
 was measured 16x slower than through merged weights (docs/models.md), so the engine keeps a
 plain `transformers` copy of the base and, on every weight update, receives only the adapter
 tensors (an `AdapterUpdate`: A, B and the scaling of each targeted Linear) and writes

@@ -91,7 +91,7 @@ def harness_spec(params: Mapping[str, Any], run: Callable[..., Any], inner: EnvS
         # the env's tasks, each naming the env that runs it (Task.env, as check-env holds)
         return (replace(t, env="harness") for t in inner.tasks(split, seed, **task_params))
 
-    # the code they run: a warm start's key digests the played env's (`training/policy.py`)
+    # the code they run: a warm start's key digests the played env's (`training/setup/policy.py`)
     factory.code_of = inner.factory  # type: ignore[attr-defined]
     harness_tasks.code_of = inner.tasks  # type: ignore[attr-defined]
     # the env's own spec (its tasks, strategies and check-env rules), named harness, with the

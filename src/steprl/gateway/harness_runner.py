@@ -22,7 +22,7 @@ taken and turned into steps (`trajectory_of`):
   session is ended with it, never left behind;
 * the system prompt the harness sent first (`info["system_prompt"]`, "" for none): what the
   warm start's demonstrations are compared with at the first evaluation
-  (`training/evaluate.py: system_prompt_note`).
+  (`training/loop/evaluate.py: system_prompt_note`).
 
 The gateway's counters are the run's `gateway/*` metrics (`HarnessRunner.metrics`).
 """

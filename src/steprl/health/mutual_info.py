@@ -13,7 +13,7 @@ by the uniform mixture of the N prompts (mll-lab-nu/RAGEN @20daedc,
 It lies in [-inf, log N]: 0 when no prompt explains its own reasoning better than the others do
 on average, log N when each reasoning has probability only under its own prompt. Retrieval
 accuracy asks "which prompt produced this reasoning?": argmax_j s[j, i, k] == i, against chance
-1/N. This module is pure (torch only); `training/mi_probe.py` builds the scores from rollouts.
+1/N. This module is pure (torch only); `training/loop/mi_probe.py` builds the scores from rollouts.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Why these defaults (measured in docs/health.md; `benchmarks/health.py`):
   success (guess_number, seeds 0-2, 40 steps: alert -0.062 +- 0.102, an entropy bonus -0.062 +-
   0.083, rollback 2 + lr x0.5 -0.036 +- 0.065; the rollback kept more tool calls, 0.12-0.16
   against 0.00-0.09, but not more successes: `benchmarks/tool_abandonment.py`). What changes
-  the outcome is the warm start, named before RL starts (`training/warm_start_check.py`).
+  the outcome is the warm start, named before RL starts (`training/setup/warm_start_check.py`).
 - `off_task_reward`: over 8 steps the reward paid for something other than the outcome, its
   penalties and costs grows (`proxy_gap` > 0.02 per step) while the task's own component does
   not rise (`outcome_slope` < 0.005), 2 steps in a row: the policy is being paid for something

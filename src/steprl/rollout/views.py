@@ -11,7 +11,7 @@ One alignment: every per-token tuple of a `Sample` is INPUT-aligned (entry t is 
 `input_ids[t]`), because that is how the views are read and checked. What the model computes is
 TARGET-aligned (entry t is about the prediction of `input_ids[t + 1]`, length `len(input_ids) - 1`):
 log-probs, entropies, critic values, advantages, returns and the learner's `(B, T-1)` tensors.
-`targets` (and its inverse `inputs`) converts a row; `training/batching.collate` does the same to
+`targets` (and its inverse `inputs`) converts a row; `training/learn/batching.collate` does the same to
 a padded batch (its targets are `input_ids[:, 1:]`).
 """
 
@@ -55,7 +55,7 @@ class Sample:
     #: step number (within the trajectory) of each action token; -1 on prompt/observation tokens
     token_step: tuple[int, ...] = ()
     #: per-token advantages and critic targets (0 off the mask); a view has none: the step's
-    #: frozen `training/step_batch.Row` holds them and makes the row the learner trains on
+    #: frozen `training/loop/step_batch.Row` holds them and makes the row the learner trains on
     advantages: tuple[float, ...] = ()
     returns: tuple[float, ...] = ()
 

@@ -63,7 +63,7 @@ class TrainState:
     env_ids: dict[str, int] = field(default_factory=dict)  # env name -> index (per-env estimators)
     #: asynchronous training: tasks admitted but not trained yet (in flight or queued), by
     #: stream position; a resumed run gives them back to the task source, which re-issues them
-    #: first (training/pipeline.py); an evicted task is already back in the source
+    #: first (training/loop/pipeline.py); an evicted task is already back in the source
     pending: tuple[tuple[int, Task], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ class Rollback:
 @dataclass(frozen=True)
 class Adjustments:
     """What the next step does differently, as named levers: each field but `metrics` and
-    `events` is one entry of `training/levers.py: LEVERS`, applied there and nowhere else. None
+    `events` is one entry of `training/loop/levers.py: LEVERS`, applied there and nowhere else. None
     leaves the config's value. The trainer merges every controller's record (the first value set
     wins; `metrics` and `events` are gathered from all) and applies whatever came back."""
 

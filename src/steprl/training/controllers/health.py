@@ -3,7 +3,7 @@
 every rule (`health.rules`, default `health/rules.py: DEFAULT_RULES`). A rule whose conditions
 held for its `steps` steps in a row, out of its cooldown, fires: its actions change the levers
 (learning-rate and KL scales, entropy bonus, group filter, curriculum hold: they stay set) or
-act once (alert, snapshot, rollback, stop; `training/health_run.py` carries those out), and
+act once (alert, snapshot, rollback, stop; `training/loop/health_run.py` carries those out), and
 the firing becomes one `health.jsonl` record. A rule that has fired `budget` times does `then`
 (stop or alert) instead. With `health.act: false` rules fire and are recorded, nothing acts.
 

@@ -4,7 +4,7 @@ success at the current cap is at least `success_at_least` and the share of episo
 off is at most `cut_at_most`; otherwise it holds. Used when `trainer.curriculum.horizon` is
 `gated`.
 
-It reads `curriculum/*` (`training/pipeline.py: horizon_metrics`), measured only over the episodes
+It reads `curriculum/*` (`training/loop/pipeline.py: horizon_metrics`), measured only over the episodes
 that ran under the current cap: in asynchronous training a stale group ran under an older one
 and says nothing about this one. A step with no such episode (or that trained nothing) leaves
 the streak as it was."""

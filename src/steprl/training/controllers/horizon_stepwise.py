@@ -1,7 +1,7 @@
 """A horizon curriculum on step count alone (AgentGym-RL's ScalingInter-RL,
 `StepRoundsScheduler`): the turn cap of the tasks admitted for step s is
 rounds[min((s - 1) // stage_steps, len(rounds) - 1)]. Used when `trainer.curriculum.horizon`
-is `stepwise`. The cap is fixed when a task is admitted (`training/pipeline.py`), so a group
+is `stepwise`. The cap is fixed when a task is admitted (`training/loop/pipeline.py`), so a group
 admitted ahead (asynchronous training) keeps the cap it ran under."""
 
 from __future__ import annotations

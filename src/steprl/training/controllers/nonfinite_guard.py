@@ -1,5 +1,5 @@
 """NUM-01 at the run's scale: `trainer.max_nonfinite_skips` steps in a row whose update was
-skipped as non-finite (a NaN/Inf loss or gradient, `training/guards.py`) stop the run."""
+skipped as non-finite (a NaN/Inf loss or gradient, `training/learn/guards.py`) stop the run."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A source hands out tasks one at a time, each with its stream position: the position keys the
 task's episode seeds (`rollout/seeds.py`), so it is part of what makes a run reproducible. The
-pipeline (`training/pipeline.py`) takes from it, gives back the task of a group it evicted
+pipeline (`training/loop/pipeline.py`) takes from it, gives back the task of a group it evicted
 (`requeue`: it runs again, first, with its own position), and shows it every group it trains, in
 stream order (`observe`: a curriculum learns from success there; the plain stream ignores it).
 Its `state_dict` is in the checkpoint, so a resume continues the same stream without replaying it.

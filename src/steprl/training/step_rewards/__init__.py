@@ -4,7 +4,7 @@ A kind is a class `(ModelContext, **params)` following `StepRewardModel`: `score
 reward per step of a step's groups, `fit` trains its own model on them, and its state round-trips
 through a checkpoint. `StepCredit` (credit.py) wraps the kind the config names with its weight,
 its fit cadence and the drift guard, and is the run component the checkpoint stores. To add a
-kind: a file here and one entry in `STEP_REWARDS`; `training/step_reward_check.py` (the tests run it
+kind: a file here and one entry in `STEP_REWARDS`; `training/commands/step_reward_check.py` (the tests run it
 over every entry) checks it. A kind of your own needs no edit: `kind: package.module:attr`.
 """
 

@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from steprl.algorithms.inputs import AdvantageInputs
 from steprl.rollout.views import Sample, targets
-from steprl.training.batching import Batch, collate, device_of, last_hidden, logprobs_at
-from steprl.training.critic import ValueHead
+from steprl.training.learn.batching import Batch, collate, device_of, last_hidden, logprobs_at
+from steprl.training.learn.critic import ValueHead
 from steprl.types import Trajectory
 
 

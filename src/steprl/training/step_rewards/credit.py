@@ -1,7 +1,7 @@
 """The step-reward run component: a kind's model, the weight alpha it enters the advantages
 with, and the drift guard that takes alpha away when the model stops agreeing with outcomes.
 
-Each step, before the policy update (`training/step_batch.make_batch`):
+Each step, before the policy update (`training/loop/step_batch.make_batch`):
 1. `score` the step's groups with the model as it is. Those groups are held out from it: it was
    fitted only on earlier steps' groups. The drift guard reads them: Kendall's tau between each
    trajectory's summed step reward and its outcome, over same-task pairs
@@ -15,7 +15,7 @@ Each step, before the policy update (`training/step_batch.make_batch`):
      step's action tokens and added to the estimator's advantages;
    * "reward" (the estimators that read step rewards: step_gae, bi_level_gae, gae, gigpo,
      reinforce_pp): alpha * r is added to each step's reward (on its last action token too).
-3. After the update (`training/trainer.run_step`), every `fit_every` steps, `fit` the model on the
+3. After the update (`training/loop/trainer.run_step`), every `fit_every` steps, `fit` the model on the
    same groups.
 
 The state (the model's weights and optimizer, alpha, the fits, the guard's streak) is one

@@ -30,17 +30,18 @@ from steprl.rollout.chat_format import ChatFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.loop import Budgets, RolloutSetup
 from steprl.rollout.views import Sample, per_step_view, training_view
-from steprl.training import env_setup, step_rewards
-from steprl.training.batching import packing_unsupported
+from steprl.training import step_rewards
 from steprl.training.components import Stateful
 from steprl.training.controllers import Controllers
-from steprl.training.critic import CRITICS, Critic, CriticArgs, ValueHead
-from steprl.training.health_snapshots import ring_for
-from steprl.training.learner import LocalLearner, Regularizers
-from steprl.training.learner_protocol import Learner
-from steprl.training.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
-from steprl.training.policy import Policy, load_policy
-from steprl.training.rollout_parts import SnapshotState, context_rule, engine_for, engine_settings
+from steprl.training.learn.batching import packing_unsupported
+from steprl.training.learn.critic import CRITICS, Critic, CriticArgs, ValueHead
+from steprl.training.learn.health_snapshots import ring_for
+from steprl.training.learn.learner import LocalLearner, Regularizers
+from steprl.training.learn.learner_protocol import Learner
+from steprl.training.learn.lora import AdaptersDisabled, apply_lora, is_peft, plain_base
+from steprl.training.setup import env_setup
+from steprl.training.setup.policy import Policy, load_policy
+from steprl.training.setup.rollout_parts import SnapshotState, context_rule, engine_for, engine_settings
 from steprl.training.sources import TaskSource, TaskSplits, make_source
 from steprl.training.step_rewards import StepCredit
 from steprl.types import Task, Trajectory
@@ -61,7 +62,7 @@ class Parts:
     learner: Learner
     critic: Critic | None
     ref_model: torch.nn.Module | None  # the KL reference (LoRA: the base, adapters off)
-    setup: RolloutSetup  # in-process rollouts (training/producers.py runs them on a thread)
+    setup: RolloutSetup  # in-process rollouts (training/loop/producers.py runs them on a thread)
     advantage_fn: Callable[..., Any]
     group_filter: Callable[..., torch.Tensor]
     envs: env_setup.RunEnvs  # the run's envs, each spec resolved once
@@ -161,7 +162,7 @@ def build(
     np.random.seed(cfg.run.seed)
     log(f"policy: {policy.source}; {sum(p.numel() for p in policy.model.parameters()):,} parameters")
     # LoRA (model.lora): the learner trains adapters on the frozen base; the engines keep a plain
-    # copy of the base and merge each adapter update into it (training/lora.py)
+    # copy of the base and merge each adapter update into it (training/learn/lora.py)
     if cfg.model.lora is not None and not is_peft(policy.model):  # (a warm start applies it first)
         policy.model = apply_lora(policy.model, cfg.model.lora, log)
     engine_model = plain_base(policy.model) if is_peft(policy.model) else copy.deepcopy(policy.model)
@@ -271,7 +272,7 @@ def _make_learner(
             vf_coef=algo.vf_coef,
             value_clip=algo.value_clip,
         ),
-        ref_model=ref_model,  # the KL in the loss, or in the reward (training/step_batch.py asks)
+        ref_model=ref_model,  # the KL in the loss, or in the reward (training/loop/step_batch.py asks)
         value_head=value_head,
         device=cfg.model.device,
         grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,

@@ -31,9 +31,9 @@ from steprl.diagnostics.sinks import (
 )
 from steprl.diagnostics.wandb_sink import FEATURE, WandbSink, WandbStartError
 from steprl.extras import require
-from steprl.training import checkpoint as ckpt
-from steprl.training import health_run, resume
-from steprl.training.saved_advantages import Advantages
+from steprl.training.learn import checkpoint as ckpt
+from steprl.training.loop import health_run, resume
+from steprl.training.loop.saved_advantages import Advantages
 from steprl.types import Trajectory
 
 EVAL_TRAJECTORIES = "eval_trajectories"  # <run_dir>/eval_trajectories/step_NNNNNN.parquet

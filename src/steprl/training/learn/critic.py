@@ -19,9 +19,9 @@ from torch import nn
 
 from steprl.algorithms.losses import value_loss
 from steprl.rollout.views import Sample
-from steprl.training.batching import collate, device_of, minibatches
-from steprl.training.guards import grad_metrics, guarded_step
-from steprl.training.learner_protocol import Learner
+from steprl.training.learn.batching import collate, device_of, minibatches
+from steprl.training.learn.guards import grad_metrics, guarded_step
+from steprl.training.learn.learner_protocol import Learner
 
 
 class ValueHead(nn.Module):

@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 from steprl.config import Config
 from steprl.rollout import seeds
-from steprl.training.build import Parts, eval_setup
-from steprl.training.evaluate import check_first_evaluation, evaluate
-from steprl.training.guards import FirstFailures
-from steprl.training.pipeline import Pipeline
-from steprl.training.run_sinks import RunOutputs
-from steprl.training.stop_signal import StopOnSignal
-from steprl.training.warm_start_check import warn_if_weak
+from steprl.training.learn.guards import FirstFailures
+from steprl.training.loop.evaluate import check_first_evaluation, evaluate
+from steprl.training.loop.pipeline import Pipeline
+from steprl.training.loop.run_sinks import RunOutputs
+from steprl.training.loop.stop_signal import StopOnSignal
+from steprl.training.setup.build import Parts, eval_setup
+from steprl.training.setup.warm_start_check import warn_if_weak
 from steprl.types import Trajectory
 
 

@@ -14,7 +14,7 @@ import torch
 
 from steprl.health.mutual_info import mi_from_scores
 from steprl.rollout.views import Sample
-from steprl.training.learner_protocol import Learner
+from steprl.training.learn.learner_protocol import Learner
 from steprl.types import Trajectory
 
 Ids = tuple[int, ...]

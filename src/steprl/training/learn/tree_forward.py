@@ -1,6 +1,6 @@
 """The forward pass over prefix trees: every node once, attending only to its own ancestors.
 
-A tree (`training/packing.py`) is cut into segments, maximal runs of nodes where each continues
+A tree (`training/learn/packing.py`) is cut into segments, maximal runs of nodes where each continues
 the one before (a shared prompt, a trajectory's kept context, one action). Segments are run a
 level at a time: a segment's ancestors were computed at earlier levels, so their keys and values
 are handed to the model as its KV cache (with their gradients), and the segment is an ordinary
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from steprl.training.packing import Tree
+from steprl.training.learn.packing import Tree
 
 
 @dataclass

@@ -19,10 +19,10 @@ from typing import Any
 from steprl.config import Config, ConfigError
 from steprl.envs.base import Env
 from steprl.rollout.loop import Budgets
-from steprl.training import env_setup as setup
-from steprl.training import sft
-from steprl.training.lora import apply_lora, is_peft
-from steprl.training.rollout_parts import context_rule
+from steprl.training.learn.lora import apply_lora, is_peft
+from steprl.training.setup import env_setup as setup
+from steprl.training.setup import sft
+from steprl.training.setup.rollout_parts import context_rule
 from steprl.types import Task
 
 
@@ -33,7 +33,7 @@ def warm_start(
     make_env: Callable[[Task], Env] | None,
     run: setup.RunEnvs,
 ) -> Any:
-    """`policy` (a `training.policy.Policy` of a pretrained model) with LoRA applied and, for
+    """`policy` (a `training.setup.policy.Policy` of a pretrained model) with LoRA applied and, for
     `model.init: sft`, trained on expert demonstrations."""
     model = policy.model
     if cfg.model.lora is not None and not is_peft(model):

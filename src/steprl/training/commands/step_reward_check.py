@@ -1,7 +1,7 @@
 """`check_step_reward`: the contract of a step-reward kind, as `check_env` is an env's. The tests
 run it over every entry of `STEP_REWARDS`; run it on your own before a long run:
 
-    from steprl.training.step_reward_check import check_kind
+    from steprl.training.commands.step_reward_check import check_kind
     check_kind("my_rewards:MyKind")            # or a name of STEP_REWARDS
 
 `check_kind` builds what it needs: a small random tiny model, and real gridwalk episodes of it
@@ -35,7 +35,7 @@ def sample_data(model: nn.Module, tokenizer: Any, *, tasks: int = 3, group_size:
     from steprl.rollout.context import AppendOnly
     from steprl.rollout.loop import Budgets, RolloutSetup, rollout_groups
     from steprl.rollout.views import packed_view
-    from steprl.training.step_batch import advantage_inputs
+    from steprl.training.loop.step_batch import advantage_inputs
 
     pad = tokenizer.pad_token_id
     setup = RolloutSetup(

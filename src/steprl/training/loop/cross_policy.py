@@ -16,8 +16,8 @@ import math
 from collections import defaultdict
 
 from steprl.rollout.views import Sample
-from steprl.training.learner_protocol import Learner
-from steprl.training.step_batch import StepBatch
+from steprl.training.learn.learner_protocol import Learner
+from steprl.training.loop.step_batch import StepBatch
 from steprl.types import Trajectory
 
 _LOG_RATIO_CLAMP = 20.0  # as in the decoupled loss

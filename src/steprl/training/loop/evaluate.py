@@ -12,7 +12,7 @@ from steprl.diagnostics import env_metrics, rollout_metrics
 from steprl.envs.base import maybe_await
 from steprl.errors import RunAborted
 from steprl.rollout.loop import RolloutSetup, rollout_groups
-from steprl.training.env_setup import system_prompt_mode
+from steprl.training.setup.env_setup import system_prompt_mode
 from steprl.types import Group, Task, Trajectory
 
 

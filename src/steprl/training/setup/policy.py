@@ -33,10 +33,10 @@ from steprl.models.sources import (
     read_chat_template,
 )
 from steprl.rollout.loop import Budgets
-from steprl.training import env_setup as setup
-from steprl.training import sft
-from steprl.training.pretrained_sft import warm_start
-from steprl.training.rollout_parts import context_rule
+from steprl.training.setup import env_setup as setup
+from steprl.training.setup import sft
+from steprl.training.setup.pretrained_sft import warm_start
+from steprl.training.setup.rollout_parts import context_rule
 from steprl.types import Task
 
 #: Bump when the SFT recipe or the tokenizer changes, so stale caches are not reused.

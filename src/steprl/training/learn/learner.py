@@ -1,5 +1,5 @@
 """The in-process learner (`LocalLearner`, the first implementation of
-`training/learner_protocol.Learner`): recompute log-probs on exact token ids and take PPO-style
+`training/learn/learner_protocol.Learner`): recompute log-probs on exact token ids and take PPO-style
 optimizer steps, on one device.
 
 It is algorithm-blind: the policy loss and aggregation are looked up by name by the trainer and
@@ -24,12 +24,12 @@ from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, 
 from steprl.config import ConfigError
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
-from steprl.training import checkpoint as ckpt
-from steprl.training.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
-from steprl.training.critic import ValueHead, collate_values, value_tensors
-from steprl.training.guards import grad_metrics, guarded_step
-from steprl.training.learner_protocol import Computed, LearnerLevers
-from steprl.training.lora import adapter_update, eval_mode, is_peft
+from steprl.training.learn import checkpoint as ckpt
+from steprl.training.learn.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
+from steprl.training.learn.critic import ValueHead, collate_values, value_tensors
+from steprl.training.learn.guards import grad_metrics, guarded_step
+from steprl.training.learn.learner_protocol import Computed, LearnerLevers
+from steprl.training.learn.lora import adapter_update, eval_mode, is_peft
 
 PolicyLoss = Callable[[PolicyLossInputs], PolicyLossOutput]
 
@@ -82,7 +82,7 @@ class LocalLearner:
         self.micro_batch_size = micro_batch_size
         if pack and value_head is not None:
             raise ValueError("packed rows carry no per-row values: pack=False with a shared value head")
-        self.pack = pack  # rows sharing a prefix are computed once (training/packing.py)
+        self.pack = pack  # rows sharing a prefix are computed once (training/learn/packing.py)
         self._prox_is_current = False
         self.pad_id = pad_id
         self.temperature = temperature

@@ -25,7 +25,7 @@ from steprl.rollout.context import ContextRule
 from steprl.rollout.demos import play_demos
 from steprl.rollout.loop import Budgets
 from steprl.rollout.views import Sample, packed_view, per_step_view
-from steprl.training.batching import collate, device_of, token_logprobs
+from steprl.training.learn.batching import collate, device_of, token_logprobs
 from steprl.types import NOT_TRAINABLE, EndReason, Task
 
 

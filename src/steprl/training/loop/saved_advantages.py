@@ -2,7 +2,7 @@
 saves them (`diagnostics/sinks.TrajectoryWriter`, column `advantages`): per turn, per action
 token, in the order of `Step.action_ids`.
 
-Read back from the step's rows (`training/step_batch.StepBatch.rows`), not recomputed: a row's
+Read back from the step's rows (`training/loop/step_batch.StepBatch.rows`), not recomputed: a row's
 advantages are target-aligned, its loss mask and step ids input-aligned (`rollout/views.py`), so
 `inputs` puts them side by side, and the loss-mask positions of a row are exactly its action
 tokens, in order, each tagged with its turn (`Sample.token_step`). That holds for both layouts:
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from steprl.rollout.views import inputs
-from steprl.training.step_batch import StepBatch
+from steprl.training.loop.step_batch import StepBatch
 from steprl.types import Trajectory
 
 #: per turn, per action token

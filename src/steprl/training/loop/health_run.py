@@ -1,5 +1,5 @@
 """The trainer's side of the health rules (`training/controllers/health.py` decides, this
-carries out, for `training/levers.py`): the group filter's narrowing, the mutual-information
+carries out, for `training/loop/levers.py`): the group filter's narrowing, the mutual-information
 probe every `health.mi_every` steps, the in-memory ring of recent weights a rollback restores,
 alert lines, and the `health.jsonl` log of every firing."""
 
@@ -15,11 +15,11 @@ import torch
 
 from steprl.config import Config
 from steprl.diagnostics.sinks import no_link, open_output
-from steprl.training.build import Parts
 from steprl.training.controllers import Rollback
-from steprl.training.health_snapshots import SnapshotRing
-from steprl.training.learner_protocol import Learner
-from steprl.training.pipeline import Pipeline
+from steprl.training.learn.health_snapshots import SnapshotRing
+from steprl.training.learn.learner_protocol import Learner
+from steprl.training.loop.pipeline import Pipeline
+from steprl.training.setup.build import Parts
 from steprl.types import Trajectory
 
 HEALTH_LOG = "health.jsonl"  # <run_dir>/health.jsonl: one record per firing
@@ -46,7 +46,7 @@ def probe(cfg: Config, learner: Learner, step: int, trajectories: list[Trajector
     h = cfg.health
     if not (h.enabled and h.mi_every and step % h.mi_every == 0):
         return {}
-    from steprl.training.mi_probe import mi_probe  # noqa: PLC0415
+    from steprl.training.loop.mi_probe import mi_probe  # noqa: PLC0415
 
     return mi_probe(learner, trajectories, prompts=h.mi_prompts, samples=h.mi_samples)
 

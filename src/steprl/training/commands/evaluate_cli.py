@@ -1,6 +1,6 @@
 """Evaluate a saved checkpoint on held-out tasks (used by `steprl eval`): the env, tasks, backend,
 prompt format and engine settings come from the checkpoint's config, as in training
-(`training/build.py`), and so does the seed: the held-out tasks get the per-task seeds of the
+(`training/setup/build.py`), and so does the seed: the held-out tasks get the per-task seeds of the
 run's own evaluations. The episodes are saved (`logging.save_trajectories`) to
 `<run_dir>/eval_cli/step_NNNNNN.parquet` (NNNNNN: the checkpoint's step; an evaluation of the same
 checkpoint again replaces it), apart from the run's `eval_trajectories/`, whose task count and
@@ -22,11 +22,11 @@ from steprl.diagnostics import TrajectoryWriter
 from steprl.diagnostics.sinks import write_failed
 from steprl.engines.base import SamplingParams
 from steprl.rollout import seeds
-from steprl.training import env_setup
-from steprl.training.build import eval_tasks, rollout_setup
-from steprl.training.checkpoint import load_checkpoint_model
-from steprl.training.evaluate import evaluate
-from steprl.training.rollout_parts import engine_for
+from steprl.training.learn.checkpoint import load_checkpoint_model
+from steprl.training.loop.evaluate import evaluate
+from steprl.training.setup import env_setup
+from steprl.training.setup.build import eval_tasks, rollout_setup
+from steprl.training.setup.rollout_parts import engine_for
 
 
 def evaluate_checkpoint(

@@ -6,7 +6,7 @@ cross-policy ratios and the checkpoint need from the learner is a method here, w
 inputs and outputs (token rows in, per-row tensors and float stats out), so that a group of
 processes (FSDP ranks behind one controller, as verl's worker group) can implement it: nothing
 outside the implementation holds an `nn.Module` or an optimizer of the learner's.
-`training/learner.py`'s `LocalLearner` (one process, one device) is the first implementation.
+`training/learn/learner.py`'s `LocalLearner` (one process, one device) is the first implementation.
 """
 
 from __future__ import annotations

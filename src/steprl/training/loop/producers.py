@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from steprl.engines.hf import HFEngine
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.loop import RolloutSetup, failed_group, rollout_groups
-from steprl.training.pipeline import Done
+from steprl.training.loop.pipeline import Done
 from steprl.types import Task
 
 T = TypeVar("T")

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from steprl.config import Config
-from steprl.training import health_run, resume
-from steprl.training.build import Parts
 from steprl.training.controllers import Adjustments
-from steprl.training.health_snapshots import SnapshotRing
-from steprl.training.learner_protocol import LearnerLevers
-from steprl.training.pipeline import Pipeline
+from steprl.training.learn.health_snapshots import SnapshotRing
+from steprl.training.learn.learner_protocol import LearnerLevers
+from steprl.training.loop import health_run, resume
+from steprl.training.loop.pipeline import Pipeline
+from steprl.training.setup.build import Parts
 from steprl.training.state import TrainState
 from steprl.types import Trajectory
 

@@ -32,9 +32,9 @@ import yaml
 from steprl.bounded_yaml import load_yaml_bounded
 from steprl.config import Config, ConfigError, dump_config
 from steprl.diagnostics.sinks import no_link, open_output, readable_parquet
-from steprl.training import checkpoint as ckpt
-from steprl.training.build import Parts
 from steprl.training.components import component_states, load_component_states
+from steprl.training.learn import checkpoint as ckpt
+from steprl.training.setup.build import Parts
 from steprl.training.state import TrainState
 
 CHECKPOINTS = "checkpoints"

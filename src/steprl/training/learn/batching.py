@@ -13,8 +13,8 @@ from torch import nn
 
 from steprl.errors import UserError
 from steprl.rollout.views import Sample, targets
-from steprl.training.packing import Tree, pack, tree_tensors
-from steprl.training.tree_forward import tree_hidden
+from steprl.training.learn.packing import Tree, pack, tree_tensors
+from steprl.training.learn.tree_forward import tree_hidden
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Batch:
 
     input_ids, attention: (B, T). Every other per-token field is (B, T-1), aligned with the
     targets: position t is about the prediction of input_ids[:, t+1], made from the hidden state
-    at `pred[:, t]` (None: t itself; for packed `trees` (training/packing.py), one per row, the
+    at `pred[:, t]` (None: t itself; for packed `trees` (training/learn/packing.py), one per row, the
     node's parent). `layout` maps each sample's targets to batch positions.
     """
 
@@ -90,7 +90,7 @@ def _fill(dst: torch.Tensor, i: int, values: Sequence[float]) -> None:
 def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Batch:
     """Pad rows on the right (causal attention makes right padding invisible to real tokens).
 
-    `pack`: merge rows that share a prefix into prefix trees (`training/packing.py`), each a row
+    `pack`: merge rows that share a prefix into prefix trees (`training/learn/packing.py`), each a row
     of the batch with a (T, T) ancestor mask; the targets are the same, computed once per node.
     """
     if pack:
@@ -240,7 +240,7 @@ def _check_head(model: nn.Module, hidden: torch.Tensor, model_logits: torch.Tens
         raise UserError(
             f"{type(model).__name__}: get_output_embeddings() on hidden_states[-1] does not give the "
             f"model's own logits (max difference {err:.3g}); its forward post-processes logits in a "
-            "way steprl's chunked log-probs (training/batching.py) do not know"
+            "way steprl's chunked log-probs (training/learn/batching.py) do not know"
         )
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from steprl.config import Config
-from steprl.training.learner_protocol import Learner
+from steprl.training.learn.learner_protocol import Learner
 from steprl.training.state import task_dict, task_from_dict
 from steprl.types import Task
 

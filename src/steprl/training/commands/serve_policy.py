@@ -28,9 +28,9 @@ from steprl.errors import UserError
 from steprl.gateway.policy_gateway import Gateway
 from steprl.hosting import security
 from steprl.rollout.chat_format import ChatFormat
-from steprl.training import env_setup
-from steprl.training.policy import load_policy
-from steprl.training.rollout_parts import engine_for
+from steprl.training.setup import env_setup
+from steprl.training.setup.policy import load_policy
+from steprl.training.setup.rollout_parts import engine_for
 
 TOKEN_VAR = "STEPRL_GATEWAY_TOKEN"
 #: on SIGTERM, calls in flight get this long to finish before they are cancelled

@@ -24,10 +24,10 @@ from steprl.algorithms import estimators, filters, losses
 from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput, step_ends
 from steprl.config import AlgorithmSection
 from steprl.rollout.views import Sample, inputs, targets
-from steprl.training.batching import collate
-from steprl.training.build import Parts
-from steprl.training.critic import collate_values
-from steprl.training.learner_protocol import Computed
+from steprl.training.learn.batching import collate
+from steprl.training.learn.critic import collate_values
+from steprl.training.learn.learner_protocol import Computed
+from steprl.training.setup.build import Parts
 from steprl.training.step_rewards import Scored, StepData
 from steprl.types import Group, Trajectory
 

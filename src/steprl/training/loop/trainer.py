@@ -9,7 +9,7 @@ trajectories, metrics -> the controllers' adjustments for the next step (or a st
 checkpoint -> final checkpoint, curve, report.
 
 Rollouts run in a producer (a background thread, or Ray rollout workers) while the learner
-trains, up to `rollout.max_staleness` policy versions ahead (`training/pipeline.py`). Synchronous
+trains, up to `rollout.max_staleness` policy versions ahead (`training/loop/pipeline.py`). Synchronous
 training is staleness 0 on the same path: each step's rollouts run on the current weights.
 A run stops early, keeping what it finished, on SIGINT/SIGTERM (with a checkpoint of the last
 finished step: at once while it waits on envs, for rollouts, demonstrations or an evaluation,
@@ -50,21 +50,22 @@ from steprl.diagnostics.sinks import OutputWriteError
 from steprl.errors import RunAborted, RunInterrupted
 from steprl.hosting.pool import EnvPool
 from steprl.report import write_report
-from steprl.training import env_setup, levers, resume, run_lock
-from steprl.training.build import Parts, build
 from steprl.training.controllers import Adjustments, StepReport
-from steprl.training.cross_policy import ratio_metrics
-from steprl.training.guards import FirstFailures, failure_metrics
-from steprl.training.held_out import Evaluator, log_warm_start
-from steprl.training.pipeline import Pipeline, describe_pending
-from steprl.training.producers import LocalProducer, RayProducer
-from steprl.training.rollout_parts import cross_policy_lag
-from steprl.training.run_sinks import RunOutputs, check_loggers, evals_so_far, open_outputs
-from steprl.training.saved_advantages import Advantages, saved_advantages, saved_step_credit
+from steprl.training.learn.guards import FirstFailures, failure_metrics
+from steprl.training.loop import levers, resume, run_lock
+from steprl.training.loop.cross_policy import ratio_metrics
+from steprl.training.loop.held_out import Evaluator, log_warm_start
+from steprl.training.loop.pipeline import Pipeline, describe_pending
+from steprl.training.loop.producers import LocalProducer, RayProducer
+from steprl.training.loop.run_sinks import RunOutputs, check_loggers, evals_so_far, open_outputs
+from steprl.training.loop.saved_advantages import Advantages, saved_advantages, saved_step_credit
+from steprl.training.loop.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
+from steprl.training.loop.stop_signal import StopOnSignal, StopRequested
+from steprl.training.setup import env_setup
+from steprl.training.setup.build import Parts, build
+from steprl.training.setup.rollout_parts import cross_policy_lag
 from steprl.training.sources import TaskSource
 from steprl.training.state import RngState, TrainState
-from steprl.training.step_batch import CollectedGroups, StepBatch, collect_groups, make_batch
-from steprl.training.stop_signal import StopOnSignal, StopRequested
 from steprl.types import Trajectory
 
 #: what a step saves beside its rollouts: advantages per turn and token, learned step rewards per turn

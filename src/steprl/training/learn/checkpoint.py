@@ -31,7 +31,7 @@ import torch
 
 from steprl.diagnostics.sinks import no_link, open_output
 from steprl.errors import RunAborted, UserError
-from steprl.training.lora import is_adapter_checkpoint, is_peft, load_adapter_checkpoint, save_adapters
+from steprl.training.learn.lora import is_adapter_checkpoint, is_peft, load_adapter_checkpoint, save_adapters
 
 MANIFEST = "manifest.json"
 STATE = "state.pt"
