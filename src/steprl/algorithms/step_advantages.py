@@ -29,39 +29,31 @@ def _sorted_steps(traj: list[int], step: list[int], what: str) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def step_gae(
-    step_rewards: torch.Tensor,
-    step_values: torch.Tensor,
-    step_mask: torch.Tensor,
-    *,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    whiten: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-level GAE of StepPO (Wang et al., arXiv 2604.18401; AgentR1/StepPO
-    `arft/core_algos.py::compute_gae_advantage_return`, algorithms.md §7).
-
-    Tables are (S_tr, S_max): row = trajectory, column = step index; r_s is the step's summed
-    reward, V_s the critic's value of the state before the step's first action token.
-        delta_s = r_s + gamma * V_{s'} - V_s    (s' = next VALID step of the trajectory; V = 0 after it)
-        A_s     = delta_s + gamma * lam * A_{s'}
-        returns_s = A_s + V_s                       (before whitening)
-        A       = whiten(A) over valid steps only, one entry per step (not per token)
-    Broadcast onto tokens with `spread_steps`.
-
-    Returns (adv, returns), both (S_tr, S_max) float, exactly 0 where step_mask is 0.
-
-    Edge cases, decided:
-    * missing steps (step_mask 0: padding, filtered or never reached) are SKIPPED: they do not
-      advance the recursion, so step s bootstraps from the next present step. The reference
-      silently runs them with r = V = 0, which for an interior gap injects a fake V=0 state; at the
-      tail (the usual case: padding after termination) the two agree.
-    * whitening is `masked_whiten` (x - mean) * rsqrt(var + 1e-8) over valid steps; the reference
-      divides by (std + 1e-8). The two differ only when std is ~1e-4 or smaller; flat tables
-      give exactly 0 here.
-    * fully missing trajectories give zeros; empty tables give empty outputs.
-    """
-    return gae(step_rewards, step_values, step_mask, gamma=gamma, lam=lam, whiten=whiten)
+# Step-level GAE of StepPO (Wang et al., arXiv 2604.18401; AgentR1/StepPO
+# `arft/core_algos.py::compute_gae_advantage_return`, algorithms.md §7) is token GAE run over a
+# step table instead of a token row, so it is `gae` itself (one recursion, not two to keep equal):
+# step_gae(step_rewards, step_values, step_mask, *, gamma=1.0, lam=1.0, whiten=True).
+#
+# Tables are (S_tr, S_max): row = trajectory, column = step index; r_s is the step's summed
+# reward, V_s the critic's value of the state before the step's first action token.
+#     delta_s = r_s + gamma * V_{s'} - V_s    (s' = next VALID step of the trajectory; V = 0 after it)
+#     A_s     = delta_s + gamma * lam * A_{s'}
+#     returns_s = A_s + V_s                       (before whitening)
+#     A       = whiten(A) over valid steps only, one entry per step (not per token)
+# Broadcast onto tokens with `spread_steps`.
+#
+# Returns (adv, returns), both (S_tr, S_max) float, exactly 0 where step_mask is 0.
+#
+# Edge cases, decided:
+# * missing steps (step_mask 0: padding, filtered or never reached) are SKIPPED: they do not
+#   advance the recursion, so step s bootstraps from the next present step. The reference
+#   silently runs them with r = V = 0, which for an interior gap injects a fake V=0 state; at the
+#   tail (the usual case: padding after termination) the two agree.
+# * whitening is `masked_whiten` (x - mean) * rsqrt(var + 1e-8) over valid steps; the reference
+#   divides by (std + 1e-8). The two differ only when std is ~1e-4 or smaller; flat tables
+#   give exactly 0 here.
+# * fully missing trajectories give zeros; empty tables give empty outputs.
+step_gae = gae
 
 
 def spread_steps(step_values: torch.Tensor, token_step: torch.Tensor, row_traj: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.weights import AnyUpdate
@@ -90,17 +91,20 @@ class StrategyEngine:
         return Generation(ids, (0.0,) * len(ids), "stop")
 
 
-async def play_demos(
-    tasks: Sequence[Task],
-    *,
-    strategies: Mapping[str, Policy],
-    weights: Mapping[str, float],
-    make_env: Callable[[Task], Env],
-    fmt: PromptFormat,
-    seed: int,
-    rule: ContextRule,
-    budgets: Budgets,
-) -> list[Demonstration]:
+class DemoPlay(TypedDict):
+    """How demonstrations are played: the keywords of `play_demos`, which
+    `training.setup.sft.make_demos` passes through unchanged (declared once, here)."""
+
+    strategies: Mapping[str, Policy]
+    weights: Mapping[str, float]
+    make_env: Callable[[Task], Env]
+    fmt: PromptFormat
+    seed: int
+    rule: ContextRule
+    budgets: Budgets
+
+
+async def play_demos(tasks: Sequence[Task], **play: Unpack[DemoPlay]) -> list[Demonstration]:
     """Play each task once with a strategy drawn by weight, all episodes concurrently, under the
     context rule and budgets RL uses (so a demonstration shows only what a rollout can).
 
@@ -108,6 +112,8 @@ async def play_demos(
     rng and env seed, so neither the order in which episodes finish nor the env backend changes
     what is played (env randomness aside). Failed episodes come back `infra_failed`, as in RL.
     """
+    strategies, weights, make_env, fmt = play["strategies"], play["weights"], play["make_env"], play["fmt"]
+    seed, rule, budgets = play["seed"], play["rule"], play["budgets"]
     unknown = sorted(set(weights) - set(strategies))
     if unknown:
         raise ValueError(f"model.sft.strategies names {unknown}; this env offers: {sorted(strategies)}")

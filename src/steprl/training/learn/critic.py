@@ -19,8 +19,8 @@ from torch import nn
 
 from steprl.algorithms.losses import value_loss
 from steprl.rollout.views import Sample
-from steprl.training.learn.batching import collate, device_of, minibatches
-from steprl.training.learn.guards import grad_metrics, guarded_step
+from steprl.training.learn.batching import collate, device_of
+from steprl.training.learn.guards import grad_metrics, guarded_epochs
 from steprl.training.learn.learner_protocol import Learner
 
 
@@ -147,28 +147,31 @@ class SeparateCritic:
     ) -> dict[str, float]:
         """Clipped value regression onto `Sample.returns` (token-mean over action tokens)."""
         losses: list[float] = []
-        norms: list[float] = []
-        for _ in range(epochs):
-            for mb in minibatches(len(samples), mini_batches, generator):
-                rows = [samples[i] for i in mb]
-                n_tokens = float(sum(sum(s.loss_mask) for s in rows))
-                self.optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for m0 in range(0, len(rows), self.micro_batch_size):
-                    idx = mb[m0 : m0 + self.micro_batch_size]
-                    b = collate([samples[i] for i in idx], self.pad_id).to(self.head.proj.weight.device)
-                    old = collate_values([old_values[i] for i in idx], b.loss_mask.shape).to(
-                        b.input_ids.device
-                    )
-                    v = values_of(self.model, self.head, b.input_ids, b.attention)
-                    loss = value_loss(
-                        v, old, b.returns, b.loss_mask, clip=self.value_clip, num_tokens=n_tokens
-                    )
-                    loss.backward()
-                    total += loss.item()
-                params = [*self.model.parameters(), *self.head.parameters()]
-                norms.append(guarded_step(self.optimizer, params, self.grad_clip))
-                losses.append(total)
+
+        def backward(mb: list[int]) -> None:
+            n_tokens = float(sum(sum(samples[i].loss_mask) for i in mb))
+            total = 0.0
+            for m0 in range(0, len(mb), self.micro_batch_size):
+                idx = mb[m0 : m0 + self.micro_batch_size]
+                b = collate([samples[i] for i in idx], self.pad_id).to(self.head.proj.weight.device)
+                old = collate_values([old_values[i] for i in idx], b.loss_mask.shape).to(b.input_ids.device)
+                v = values_of(self.model, self.head, b.input_ids, b.attention)
+                loss = value_loss(v, old, b.returns, b.loss_mask, clip=self.value_clip, num_tokens=n_tokens)
+                loss.backward()
+                total += loss.item()
+            losses.append(total)
+
+        params = [*self.model.parameters(), *self.head.parameters()]
+        norms = guarded_epochs(
+            self.optimizer,
+            params,
+            self.grad_clip,
+            len(samples),
+            epochs=epochs,
+            mini_batches=mini_batches,
+            generator=generator,
+            backward=backward,
+        )
         stats = grad_metrics("critic", norms, float("inf"))
         return {
             "critic/value_loss": sum(losses) / max(len(losses), 1),

@@ -1,5 +1,6 @@
-"""Guards of a run: the numeric guards of an optimizer step (reliability.md NUM-01, NUM-02),
-shared by the learner and the separate critic, and the accounting of trajectories that failed in
+"""Guards of a run: the numeric guards of an optimizer step (reliability.md NUM-01, NUM-02) and
+the epochs x mini-batches loop of guarded steps, shared by the learner and the separate critic,
+and the accounting of trajectories that failed in
 the env (counted by reason, the first of each kind logged). Both feed the trainer's K-in-a-row
 stops: `trainer.max_nonfinite_skips` and `runtime.max_failed_steps`; a non-finite reward breaks
 the env contract, so its trajectory fails (`infra/invalid/reward_not_finite`) and an env whose
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from steprl.training.learn.batching import minibatches
 from steprl.types import Trajectory
 
 
@@ -25,6 +27,32 @@ def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def guarded_epochs(
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.Tensor],
+    grad_clip: float,
+    n_rows: int,
+    *,
+    epochs: int,
+    mini_batches: int,
+    generator: torch.Generator,
+    backward: Callable[[list[int]], None],
+) -> list[float]:
+    """`epochs` passes over `n_rows` rows, each shuffled by `generator` into `mini_batches`
+    mini-batches; per mini-batch, `backward(rows)` accumulates its gradient and one
+    `guarded_step` takes it. Returns the pre-clip norms, one per mini-batch.
+
+    One loop for the learner and the separate critic: how a run shuffles and steps is written
+    once, and a change to it (a generator draw, a skipped step) reaches both."""
+    norms: list[float] = []
+    for _ in range(epochs):
+        for mb in minibatches(n_rows, mini_batches, generator):
+            optimizer.zero_grad(set_to_none=True)
+            backward(mb)
+            norms.append(guarded_step(optimizer, params, grad_clip))
+    return norms
 
 
 def grad_metrics(prefix: str, norms: Sequence[float], spike_norm: float) -> dict[str, float]:

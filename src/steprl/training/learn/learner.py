@@ -27,7 +27,7 @@ from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
 from steprl.training.learn.critic import ValueHead, collate_values, value_tensors
-from steprl.training.learn.guards import grad_metrics, guarded_step
+from steprl.training.learn.guards import grad_metrics, guarded_epochs
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
 from steprl.training.learn.lora import adapter_update, eval_mode, is_peft
 
@@ -248,31 +248,40 @@ class LocalLearner:
         ref = self._logprobs(samples, self.ref_model) if in_loss else None
         sums: dict[str, float] = {}
         tokens_seen = 0.0
-        grad_norms: list[float] = []
         share = GradShare(self.params) if envs is not None else None
         first_mismatch: float | None = None
-        for _epoch in range(epochs):
-            for mb in minibatches(len(samples), mini_batches, generator):
-                rows = [samples[i] for i in mb]
-                n_tokens = float(sum(sum(s.loss_mask) for s in rows))
-                n_seqs = float(sum(1 for s in rows if any(s.loss_mask)))
-                self.optimizer.zero_grad(set_to_none=True)
-                for part in by_env(mb, envs):
-                    for idx in self._micro_batches(samples, part):
-                        b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
-                        stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
-                        if first_mismatch is None:  # engine vs learner, before any update
-                            first_mismatch = stats.pop("mismatch")
-                        stats.pop("mismatch", None)
-                        n = float(b.loss_mask.sum())
-                        for key, val in stats.items():
-                            sums[key] = sums.get(key, 0.0) + val * n
-                        tokens_seen += n
-                    if share is not None and envs is not None:
-                        share.add(envs[part[0]])
-                if share is not None:
-                    share.reset()
-                grad_norms.append(guarded_step(self.optimizer, self.params, self.grad_clip))
+
+        def backward(mb: list[int]) -> None:
+            nonlocal tokens_seen, first_mismatch
+            rows = [samples[i] for i in mb]
+            n_tokens = float(sum(sum(s.loss_mask) for s in rows))
+            n_seqs = float(sum(1 for s in rows if any(s.loss_mask)))
+            for part in by_env(mb, envs):
+                for idx in self._micro_batches(samples, part):
+                    b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
+                    stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
+                    if first_mismatch is None:  # engine vs learner, before any update
+                        first_mismatch = stats.pop("mismatch")
+                    stats.pop("mismatch", None)
+                    n = float(b.loss_mask.sum())
+                    for key, val in stats.items():
+                        sums[key] = sums.get(key, 0.0) + val * n
+                    tokens_seen += n
+                if share is not None and envs is not None:
+                    share.add(envs[part[0]])
+            if share is not None:
+                share.reset()
+
+        grad_norms = guarded_epochs(
+            self.optimizer,
+            self.params,
+            self.grad_clip,
+            len(samples),
+            epochs=epochs,
+            mini_batches=mini_batches,
+            generator=generator,
+            backward=backward,
+        )
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
         metrics |= grad_metrics("actor", grad_norms, self.grad_spike_norm)
         metrics["actor/engine_logprob_diff_max"] = first_mismatch or 0.0

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
 import torch
 
-from steprl.envs.base import Env
-from steprl.envs.policy import Policy
 from steprl.errors import UserError
-from steprl.rollout.chat import PromptFormat
-from steprl.rollout.context import ContextRule
-from steprl.rollout.demos import play_demos
-from steprl.rollout.loop import Budgets
+from steprl.rollout.demos import DemoPlay, play_demos
 from steprl.rollout.views import Sample, packed_view, per_step_view
 from steprl.training.learn.batching import collate, device_of, token_logprobs
 from steprl.types import NOT_TRAINABLE, EndReason, Task
@@ -41,37 +37,17 @@ class DemoError(UserError):
 
 
 def make_demos(
-    tasks: Sequence[Task],
-    *,
-    strategies: Mapping[str, Policy],
-    weights: Mapping[str, float],
-    make_env: Callable[[Task], Env],
-    fmt: PromptFormat,
-    seed: int,
-    rule: ContextRule,
-    budgets: Budgets,
-    log: Callable[[str], None] = print,
+    tasks: Sequence[Task], *, log: Callable[[str], None] = print, **play: Unpack[DemoPlay]
 ) -> list[Demo]:
     """Play each task once with a strategy drawn by weight, through the agent loop
-    (`rollout/demos.py`) under RL's context rule and budgets, and keep the trainable
-    transcripts as training rows shaped as RL's (one packed row per transcript for an
-    append-only context, one row per step otherwise).
+    (`rollout/demos.py`, whose `DemoPlay` are the other keywords) under RL's context rule and
+    budgets, and keep the trainable transcripts as training rows shaped as RL's (one packed row
+    per transcript for an append-only context, one row per step otherwise).
 
     Episodes that fail in the env (`infra_failed`, `env_timeout`) are counted and dropped, as
     in RL; when every one fails, the first error says why.
     """
-    played = asyncio.run(
-        play_demos(
-            tasks,
-            strategies=strategies,
-            weights=weights,
-            make_env=make_env,
-            fmt=fmt,
-            seed=seed,
-            rule=rule,
-            budgets=budgets,
-        )
-    )
+    played = asyncio.run(play_demos(tasks, **play))
     kept = [d for d in played if d.trajectory.end not in NOT_TRAINABLE and d.trajectory.steps]
     failed = [d.trajectory for d in played if d.trajectory.end in NOT_TRAINABLE]
     if failed:
@@ -87,7 +63,7 @@ def make_demos(
             f"no demonstration could be played ({len(failed)} failed in the env; the first error: "
             f"{failed[0].info.get('error') if failed else 'none'}); run `steprl check-env` on this env"
         )
-    rows = (lambda t, i: [packed_view(t, i)]) if rule.append_only else per_step_view
+    rows = (lambda t, i: [packed_view(t, i)]) if play["rule"].append_only else per_step_view
     return [
         Demo(d.strategy, sample, d.trajectory.outcome_reward)
         for i, d in enumerate(kept)

@@ -33,7 +33,15 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from steprl.envs.library.puzzles.common import PuzzleEnv, answer, check_split, split_of, task_seed
+from steprl.envs.library.puzzles.common import (
+    MAX_REJECTIONS,
+    Drawn,
+    PuzzleEnv,
+    answer,
+    check_split,
+    split_of,
+    stream_tasks,
+)
 from steprl.envs.policy import Policy
 from steprl.types import Task
 
@@ -48,7 +56,6 @@ ARM_NAMES: tuple[str, ...] = (
     "red", "blue", "gold", "jade", "ruby", "onyx", "mint", "plum", "sand", "snow", "fern", "iron",
     "opal", "pine", "rose", "sage", "teal", "wolf", "bear", "hawk", "lynx", "moth", "newt", "orca",
 )  # fmt: skip
-_MAX_REJECTIONS = 100_000
 _NUMBERS = tuple(str(i) for i in range(1, 10))  # arms may be named by number, 1-based
 
 
@@ -173,31 +180,18 @@ def make_tasks(
         raise ValueError(f"k must be in [2, 9], got {k}.")
     if pulls < 1:
         raise ValueError(f"pulls must be >= 1, got {pulls}.")
-    return _stream(split, seed, n, k, pulls, reveal)
 
-
-def _stream(split: str, seed: int, n: int | None, k: int, pulls: int, reveal: bool) -> Iterator[Task]:
-    rng = random.Random(seed)
-    index = rejected = 0
-    while n is None or index < n:
+    def draw(rng: random.Random) -> Drawn:
         arms = rng.sample(ARM_NAMES, k)
         probs = [tenths / 10 for tenths in rng.sample(range(1, 10), k)]
         prompt = render_prompt(arms, probs, pulls, reveal)
         if split_of(prompt) != split:
-            rejected += 1
-            if rejected > _MAX_REJECTIONS:
-                raise RuntimeError(f"no {split!r} bandit in {_MAX_REJECTIONS} draws (k={k}).")
-            continue
-        rejected = 0
-        yield Task(
-            id=f"{ENV_NAME}-{split}-{seed}-{index}",
-            prompt=prompt,
-            env=ENV_NAME,
-            seed=task_seed(seed, index),
-            answer=arms[probs.index(max(probs))],
-            params={"arms": tuple(arms), "probs": tuple(probs), "pulls": pulls, "reveal": reveal},
-        )
-        index += 1
+            return None
+        params = {"arms": tuple(arms), "probs": tuple(probs), "pulls": pulls, "reveal": reveal}
+        return prompt, arms[probs.index(max(probs))], params
+
+    give_up = f"no {split!r} bandit in {MAX_REJECTIONS} draws (k={k})."
+    return stream_tasks(ENV_NAME, split, seed, n, draw, give_up)
 
 
 # --- scripted policies ----------------------------------------------------------------------

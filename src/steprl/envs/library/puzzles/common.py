@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import random
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from steprl.envs.base import NO_TOOLS, Observation, ToolSpec, Transition
@@ -41,6 +41,9 @@ _MOVE_NAMES = {"up": "U", "down": "D", "left": "L", "right": "R", "u": "U", "d":
 _PRINTABLE = frozenset(string.printable) - frozenset("\x0b\x0c\r")
 
 Pos = tuple[int, int]
+#: A drawn task's (prompt, answer, params), or None when the draw is rejected (wrong split, ...).
+Drawn = tuple[str, str, dict[str, Any]] | None
+MAX_REJECTIONS = 100_000  # rejected draws in a row before a task stream gives up
 
 
 def parse_direction(text: str) -> str | None:
@@ -67,9 +70,45 @@ def check_split(split: str, n: int | None) -> None:
         raise ValueError(f"n must be >= 0 or None, got {n}.")
 
 
+def check_solution_len(min_solution_len: int, max_solution_len: int) -> None:
+    """Refuse an empty or non-positive range of solution lengths (the grid puzzles' check)."""
+    if not 1 <= min_solution_len <= max_solution_len:
+        raise ValueError(
+            f"need 1 <= min_solution_len <= max_solution_len, got {min_solution_len}, {max_solution_len}."
+        )
+
+
 def task_seed(seed: int, index: int) -> int:
     """The reset seed of task `index` in the stream of `seed` (as the calculator's tasks)."""
     return (seed * 1_000_003 + index) % 2**31
+
+
+def stream_tasks(
+    env: str, split: str, seed: int, n: int | None, draw: Callable[[random.Random], Drawn], give_up: str
+) -> Iterator[Task]:
+    """`n` tasks (infinitely many when None) from `draw`, fed by one `random.Random(seed)`, so the
+    same seed gives the same tasks; after `MAX_REJECTIONS` rejected draws in a row, RuntimeError
+    with `give_up`. Task `index` is ``{env}-{split}-{seed}-{index}`` with `task_seed`."""
+    rng = random.Random(seed)
+    index = rejected = 0
+    while n is None or index < n:
+        drawn = draw(rng)
+        if drawn is None:
+            rejected += 1
+            if rejected > MAX_REJECTIONS:
+                raise RuntimeError(give_up)
+            continue
+        rejected = 0
+        prompt, solution, params = drawn
+        yield Task(
+            id=f"{env}-{split}-{seed}-{index}",
+            prompt=prompt,
+            env=env,
+            seed=task_seed(seed, index),
+            answer=solution,
+            params=params,
+        )
+        index += 1
 
 
 def ascii_only(text: str) -> str:

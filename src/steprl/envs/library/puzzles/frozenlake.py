@@ -32,15 +32,18 @@ from typing import Any
 
 from steprl.envs.library.puzzles.common import (
     DIRECTIONS,
+    MAX_REJECTIONS,
+    Drawn,
     Pos,
     PuzzleEnv,
     answer,
+    check_solution_len,
     check_split,
     last_grid,
     random_moves,
     split_of,
     step,
-    task_seed,
+    stream_tasks,
 )
 from steprl.envs.policy import Policy
 from steprl.types import Task
@@ -56,7 +59,6 @@ PERPENDICULAR: Mapping[str, tuple[str, str]] = {
     "L": ("D", "U"),
     "R": ("U", "D"),
 }
-_MAX_REJECTIONS = 100_000
 _GAMMA = 0.99  # value iteration discount for the slippery expert: prefers shorter safe routes
 
 
@@ -246,39 +248,21 @@ def make_tasks(
         raise ValueError(f"size must be in [2, 12], got {size}.")
     if not 0.0 < p_frozen <= 1.0:
         raise ValueError(f"p_frozen must be in (0, 1], got {p_frozen}.")
-    if not 1 <= min_solution_len <= max_solution_len:
-        raise ValueError(
-            f"need 1 <= min_solution_len <= max_solution_len, got {min_solution_len}, {max_solution_len}."
-        )
-    return _stream(split, seed, n, size, p_frozen, slippery, min_solution_len, max_solution_len)
+    check_solution_len(min_solution_len, max_solution_len)
+    lo, hi = min_solution_len, max_solution_len
 
-
-def _stream(
-    split: str, seed: int, n: int | None, size: int, p_frozen: float, slippery: bool, lo: int, hi: int
-) -> Iterator[Task]:
-    rng = random.Random(seed)
-    index = rejected = 0
-    while n is None or index < n:
+    def draw(rng: random.Random) -> Drawn:
         level = draw_lake(rng, size, p_frozen)
         path = shortest_path(level) if split_of(level) == split else None
         if path is None or not lo <= len(path) <= hi:
-            rejected += 1
-            if rejected > _MAX_REJECTIONS:
-                raise RuntimeError(
-                    f"no {split!r} lake with a {lo}..{hi}-move solution in {_MAX_REJECTIONS} draws; "
-                    f"widen min/max_solution_len or raise p_frozen (size={size}, p_frozen={p_frozen})."
-                )
-            continue
-        rejected = 0
-        yield Task(
-            id=f"{ENV_NAME}-{split}-{seed}-{index}",
-            prompt=level,
-            env=ENV_NAME,
-            seed=task_seed(seed, index),
-            answer=path,
-            params={"map": level, "slippery": slippery, "size": size, "solution_len": len(path)},
-        )
-        index += 1
+            return None
+        return level, path, {"map": level, "slippery": slippery, "size": size, "solution_len": len(path)}
+
+    give_up = (
+        f"no {split!r} lake with a {lo}..{hi}-move solution in {MAX_REJECTIONS} draws; "
+        f"widen min/max_solution_len or raise p_frozen (size={size}, p_frozen={p_frozen})."
+    )
+    return stream_tasks(ENV_NAME, split, seed, n, draw, give_up)
 
 
 # --- scripted policies ----------------------------------------------------------------------

@@ -31,15 +31,18 @@ from typing import Any
 
 from steprl.envs.library.puzzles.common import (
     DIRECTIONS,
+    MAX_REJECTIONS,
+    Drawn,
     Pos,
     PuzzleEnv,
     answer,
+    check_solution_len,
     check_split,
     last_grid,
     random_moves,
     split_of,
     step,
-    task_seed,
+    stream_tasks,
 )
 from steprl.envs.policy import Policy
 from steprl.types import Task
@@ -49,7 +52,6 @@ SYSTEM_PROMPT = (
     "Push every box X onto a target O (* is a box on a target); # is a wall, P you (S on a "
     "target). Answer one move per turn: <answer>U</answer>, D, L or R."
 )
-_MAX_REJECTIONS = 100_000
 _SOLVE_LIMIT = 200_000  # BFS states before the solver gives up (a 6x6 room with 1 box has < 300)
 
 Boxes = tuple[Pos, ...]  # sorted, so that equal states compare equal
@@ -246,39 +248,21 @@ def make_tasks(
         raise ValueError(f"num_boxes must be in [1, 3], got {num_boxes}.")
     if max_inner_walls < 0:
         raise ValueError(f"max_inner_walls must be >= 0, got {max_inner_walls}.")
-    if not 1 <= min_solution_len <= max_solution_len:
-        raise ValueError(
-            f"need 1 <= min_solution_len <= max_solution_len, got {min_solution_len}, {max_solution_len}."
-        )
-    return _stream(split, seed, n, size, num_boxes, max_inner_walls, min_solution_len, max_solution_len)
+    check_solution_len(min_solution_len, max_solution_len)
+    lo, hi = min_solution_len, max_solution_len
 
-
-def _stream(
-    split: str, seed: int, n: int | None, size: int, num_boxes: int, max_inner_walls: int, lo: int, hi: int
-) -> Iterator[Task]:
-    rng = random.Random(seed)
-    index = rejected = 0
-    while n is None or index < n:
+    def draw(rng: random.Random) -> Drawn:
         level = draw_level(rng, size, size, num_boxes, max_inner_walls)
         path = solve(level, hi) if level is not None and split_of(level) == split else None
         if level is None or path is None or len(path) < lo:
-            rejected += 1
-            if rejected > _MAX_REJECTIONS:
-                raise RuntimeError(
-                    f"no {split!r} level with a {lo}..{hi}-move solution in {_MAX_REJECTIONS} draws; "
-                    f"widen min/max_solution_len (size={size}, num_boxes={num_boxes})."
-                )
-            continue
-        rejected = 0
-        yield Task(
-            id=f"{ENV_NAME}-{split}-{seed}-{index}",
-            prompt=level,
-            env=ENV_NAME,
-            seed=task_seed(seed, index),
-            answer=path,
-            params={"level": level, "size": size, "num_boxes": num_boxes, "solution_len": len(path)},
-        )
-        index += 1
+            return None
+        return level, path, {"level": level, "size": size, "num_boxes": num_boxes, "solution_len": len(path)}
+
+    give_up = (
+        f"no {split!r} level with a {lo}..{hi}-move solution in {MAX_REJECTIONS} draws; "
+        f"widen min/max_solution_len (size={size}, num_boxes={num_boxes})."
+    )
+    return stream_tasks(ENV_NAME, split, seed, n, draw, give_up)
 
 
 # --- scripted policies ----------------------------------------------------------------------

@@ -35,6 +35,12 @@ def find_event(title: str) -> Generator[Call, Any, Mapping[str, Any]]:
     return pick(found, "title", title)
 
 
+def event_details(title: str) -> Generator[Call, Any, Mapping[str, Any]]:
+    """All of the upcoming event with this title, as `calendar_get` answers (`yield from`)."""
+    e = yield from find_event(title)
+    return (yield call("calendar_get", id=e["id"]))
+
+
 def moved(e: Event, date: str, start: str) -> Change:
     end = shift(start, minutes(e.end) - minutes(e.start))
     return update(
@@ -246,8 +252,7 @@ def _s_follow_up(w: World, rng: random.Random) -> Instance:
     _s_follow_up,
 )
 def _p_follow_up(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["old"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["old"])
     yield call(
         "calendar_create",
         title=a["title"],
@@ -289,8 +294,7 @@ def _s_location(w: World, rng: random.Random) -> Instance:
 
 @template("ask_event_location", 2, 'Where does "{title}" take place?', _s_location)
 def _p_location(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["title"])
     return str(full["location"])
 
 
@@ -306,8 +310,7 @@ def _s_attendee_count(w: World, rng: random.Random) -> Instance:
     _s_attendee_count,
 )
 def _p_attendee_count(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["title"])
     return str(len(full["attendees"]))
 
 
@@ -321,7 +324,6 @@ def _s_meeting_with(w: World, rng: random.Random) -> Instance | None:
     "ask_meeting_with", 3, 'Who am I meeting in "{title}"? Answer with their full name.', _s_meeting_with
 )
 def _p_meeting_with(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["title"])
     found = yield call("contacts_search", query=full["attendees"][0])
     return str(pick(found, "email", full["attendees"][0])["name"])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from steprl.envs.library.apps.checks import delete, insert, update
 from steprl.envs.library.apps.templates.base import (
     MESSAGES,
     SUBJECTS,
+    Call,
     Instance,
     Plan,
     call,
@@ -24,9 +25,22 @@ from steprl.envs.library.apps.templates.base import (
     senders,
     template,
 )
-from steprl.envs.library.apps.templates.calendar import attendees, cancelled, created, find_event, moved
+from steprl.envs.library.apps.templates.calendar import (
+    attendees,
+    cancelled,
+    created,
+    event_details,
+    find_event,
+    moved,
+)
 from steprl.envs.library.apps.templates.email import find_contact, find_email, latest_from, sent, trashed
 from steprl.envs.library.apps.world import World
+
+
+def _email_contact(a: Mapping[str, Any], body: str) -> Generator[Call, Any, None]:
+    """Email the contact named ``a["name"]`` with the subject ``a["subject"]`` (`yield from`)."""
+    c = yield from find_contact(a["name"])
+    yield call("email_send", to=c["email"], subject=a["subject"], body=body)
 
 
 def _s_move_notify(w: World, rng: random.Random) -> Instance | None:
@@ -50,9 +64,7 @@ def _s_move_notify(w: World, rng: random.Random) -> Instance | None:
 def _p_move_notify(a: Mapping[str, Any]) -> Plan:
     e = yield from find_event(a["title"])
     yield call("calendar_move", id=e["id"], date=a["date"], start=a["start"])
-    c = yield from find_contact(a["name"])
-    body = f'"{a["title"]}" is now on {a["date"]} at {a["start"]}.'
-    yield call("email_send", to=c["email"], subject=a["subject"], body=body)
+    yield from _email_contact(a, f'"{a["title"]}" is now on {a["date"]} at {a["start"]}.')
     return "done"
 
 
@@ -71,8 +83,7 @@ def _s_cancel_notify(w: World, rng: random.Random) -> Instance:
 def _p_cancel_notify(a: Mapping[str, Any]) -> Plan:
     e = yield from find_event(a["title"])
     yield call("calendar_cancel", id=e["id"])
-    c = yield from find_contact(a["name"])
-    yield call("email_send", to=c["email"], subject=a["subject"], body=f'"{a["title"]}" is cancelled.')
+    yield from _email_contact(a, f'"{a["title"]}" is cancelled.')
     return "done"
 
 
@@ -89,10 +100,8 @@ def _s_email_location(w: World, rng: random.Random) -> Instance:
     _s_email_location,
 )
 def _p_email_location(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
-    c = yield from find_contact(a["name"])
-    yield call("email_send", to=c["email"], subject=a["subject"], body=f"It is at {full['location']}.")
+    full = yield from event_details(a["title"])
+    yield from _email_contact(a, f"It is at {full['location']}.")
     return "done"
 
 
@@ -110,8 +119,7 @@ def _s_email_time(w: World, rng: random.Random) -> Instance:
 )
 def _p_email_time(a: Mapping[str, Any]) -> Plan:
     e = yield from find_event(a["title"])
-    c = yield from find_contact(a["name"])
-    yield call("email_send", to=c["email"], subject=a["subject"], body=f"It starts {e['date']} {e['start']}.")
+    yield from _email_contact(a, f"It starts {e['date']} {e['start']}.")
     return "done"
 
 
@@ -246,8 +254,7 @@ def _s_attendee_phone(w: World, rng: random.Random) -> Instance | None:
     _s_attendee_phone,
 )
 def _p_attendee_phone(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["title"])
     found = yield call("contacts_search", query=full["attendees"][0])
     return str(pick(found, "email", full["attendees"][0])["phone"])
 
@@ -267,8 +274,7 @@ def _s_forward_attendee(w: World, rng: random.Random) -> Instance | None:
     _s_forward_attendee,
 )
 def _p_forward_attendee(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["title"])
     eid = yield from find_email(a["subject"])
     yield call("email_forward", id=eid, to=full["attendees"][0])
     return "done"
@@ -436,8 +442,7 @@ def _s_email_attendees(w: World, rng: random.Random) -> Instance:
     _s_email_attendees,
 )
 def _p_email_attendees(a: Mapping[str, Any]) -> Plan:
-    e = yield from find_event(a["title"])
-    full = yield call("calendar_get", id=e["id"])
+    full = yield from event_details(a["title"])
     for address in full["attendees"]:
         yield call("email_send", to=address, subject=a["subject"], body=a["body"])
     return "done"

@@ -227,12 +227,16 @@ def _p_delete_from(a: Mapping[str, Any]) -> Plan:
     return "done"
 
 
-def _s_forward_delete(w: World, rng: random.Random) -> Instance | None:
-    inst = _s_forward(w, rng)
+def _then_delete(w: World, inst: Instance | None) -> Instance | None:
+    """`inst`, and then its inbox email (``args["subject"]``) deleted."""
     if inst is None:
         return None
     e = next(e for e in w.emails if e.folder == "inbox" and e.subject == inst.args["subject"])
     return Instance(inst.args, (*inst.changes, trashed(e)))
+
+
+def _s_forward_delete(w: World, rng: random.Random) -> Instance | None:
+    return _then_delete(w, _s_forward(w, rng))
 
 
 @template(
@@ -246,10 +250,8 @@ def _p_forward_delete(a: Mapping[str, Any]) -> Plan:
     return "done"
 
 
-def _s_reply_delete(w: World, rng: random.Random) -> Instance:
-    inst = _s_reply(w, rng)
-    e = next(e for e in w.emails if e.folder == "inbox" and e.subject == inst.args["subject"])
-    return Instance(inst.args, (*inst.changes, trashed(e)))
+def _s_reply_delete(w: World, rng: random.Random) -> Instance | None:
+    return _then_delete(w, _s_reply(w, rng))
 
 
 @template(
