@@ -54,6 +54,13 @@ VARIANTS: dict[str, list[str]] = {
         "algorithm.policy_loss=decoupled_ppo",
         "trainer.mini_batches=4",
     ],
+    "separate_critic": [
+        "algorithm.critic=separate",
+        "algorithm.advantage=gae",
+        "algorithm.advantage_params={gamma: 1.0, lam: 1.0}",
+        "algorithm.kl_coef=0.05",
+        "trainer.mini_batches=2",
+    ],
 }
 
 
