@@ -14,6 +14,11 @@ class UserError(Exception):
     """The user's input is wrong; the message (one line) says which input and how to fix it."""
 
 
+class ConfigError(UserError, ValueError):
+    """A config problem, with the dotted key and what is allowed (one line from the CLI).
+    Here, below every registry, so a registry's lookup can raise it; `steprl.config` re-exports it."""
+
+
 class RunAborted(Exception):
     """A run stopped on purpose, keeping what it finished: a checkpoint save the disk refused,
     too many non-finite steps in a row, failing infrastructure, an interrupt. The CLI prints the

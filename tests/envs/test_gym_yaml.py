@@ -250,7 +250,10 @@ def test_truncation_stays_truncated():
         ({"id": "FrozenLake-v1", "outcome": "score"}, r"env.params.outcome: 'score' is not one of"),
         ({"id": "FrozenLake-v1", "render": "pretty"}, r"env.params.render: 'pretty' is not auto"),
         ({"id": "Blackjack-v1", "render": "ansi"}, r"env.params.render: Blackjack-v1 has no ansi"),
-        ({"id": "FrozenLake-v1", "expert": "nowhere.module:fn"}, r"env.params.expert: cannot load"),
+        (
+            {"id": "FrozenLake-v1", "expert": "nowhere.module:fn"},
+            r"env.params.expert 'nowhere.module:fn': importing 'nowhere.module' failed: ModuleNotFoundError",
+        ),
         ({"id": "FrozenLake-v1", "min_expert_success": 2.0}, r"env.params: .*min_expert_success"),
         ({"id": "Acrobot-v1"}, r"env.params.expert: there is no built-in expert for Acrobot-v1"),
     ],

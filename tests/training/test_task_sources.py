@@ -71,7 +71,10 @@ def test_an_unknown_source_is_one_line_naming_the_allowed_ones():
         match=re.escape(f"env.source: unknown task source 'nope'; use one of {sorted(TASK_SOURCES)}"),
     ):
         make_source("nope", lambda: synthetic_tasks(0), 0)
-    with pytest.raises(ConfigError, match="env.source 'no_such_module:f': ModuleNotFoundError"):
+    with pytest.raises(
+        ConfigError,
+        match="env.source 'no_such_module:f': importing 'no_such_module' failed: ModuleNotFoundError",
+    ):
         make_source("no_such_module:f", lambda: synthetic_tasks(0), 0)
 
 

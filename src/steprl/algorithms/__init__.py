@@ -1,11 +1,13 @@
 """Algorithms: advantage estimators, policy losses, aggregations and group filters, each picked
 by name from ONE dict below. The trainer looks names up here and never branches on them.
 
-`algorithms/` imports only torch, the standard library and `steprl.types`.
+`algorithms/` imports only torch, the standard library, `steprl.types` and `steprl.registry` (each
+dict is a `Registry`: a name or `package.module:attr`, its params checked, one checker).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,21 +15,31 @@ import torch
 
 from steprl.algorithms import estimators, filters, losses
 from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput, PolicyLossInputs
+from steprl.registry import Registry, instance_of
 
 #: name -> fn(inputs: AdvantageInputs, **advantage_params) -> AdvantageOutput (token level)
-ADVANTAGES: dict[str, Callable[..., AdvantageOutput]] = {
-    "grpo": estimators.grpo,
-    "dr_grpo": estimators.dr_grpo,
-    "rloo": estimators.rloo,
-    "loop": estimators.loop,
-    "reinforce_pp": estimators.reinforce_pp,
-    "reinforce_pp_baseline": estimators.reinforce_pp_baseline,
-    "grpo_env_std": estimators.grpo_env_std,
-    "gae": estimators.gae,
-    "step_gae": estimators.step_gae,
-    "bi_level_gae": estimators.bi_level_gae,
-    "gigpo": estimators.gigpo,
-}
+ADVANTAGES: Registry[Callable[..., AdvantageOutput]] = Registry(
+    {
+        "grpo": estimators.grpo,
+        "dr_grpo": estimators.dr_grpo,
+        "rloo": estimators.rloo,
+        "loop": estimators.loop,
+        "reinforce_pp": estimators.reinforce_pp,
+        "reinforce_pp_baseline": estimators.reinforce_pp_baseline,
+        "grpo_env_std": estimators.grpo_env_std,
+        "gae": estimators.gae,
+        "step_gae": estimators.step_gae,
+        "bi_level_gae": estimators.bi_level_gae,
+        "gigpo": estimators.gigpo,
+    },
+    key="algorithm.advantage",
+    what="advantage estimator",
+    accept=inspect.isfunction,  # a function written in Python: a builtin such as os:system is callable too
+    expected="an advantage estimator; name a function (inputs: AdvantageInputs, **params) -> AdvantageOutput "
+    "(docs/algorithms.md)",
+    params=lambda fn: fn,
+    checker="steprl.algorithms.check:check_advantage",
+)
 
 #: estimators that read critic values (the config refuses them without algorithm.critic)
 ADVANTAGE_NEEDS_CRITIC: dict[str, bool] = {"gae": True, "step_gae": True, "bi_level_gae": True}
@@ -77,11 +89,21 @@ def _decoupled_ppo(
 
 
 #: name -> LossSpec
-POLICY_LOSSES: dict[str, LossSpec] = {
-    "ppo_clip": LossSpec(_ppo_clip),
-    "loop_clip": LossSpec(_loop_clip),
-    "decoupled_ppo": LossSpec(_decoupled_ppo, needs_proximal=True),
-}
+POLICY_LOSSES: Registry[LossSpec] = Registry(
+    {
+        "ppo_clip": LossSpec(_ppo_clip),
+        "loop_clip": LossSpec(_loop_clip),
+        "decoupled_ppo": LossSpec(_decoupled_ppo, needs_proximal=True),
+    },
+    key="algorithm.policy_loss",
+    what="policy loss",
+    accept=instance_of(LossSpec),
+    expected="a LossSpec; name a LossSpec(fn) whose fn is (inputs: PolicyLossInputs, **params) "
+    "(docs/algorithms.md)",
+    params=lambda spec: spec.fn,
+    params_key="algorithm.loss_params",
+    checker="steprl.algorithms.check:check_policy_loss",
+)
 
 AGGREGATIONS: tuple[str, ...] = losses.AGGREGATION_MODES
 
@@ -98,12 +120,22 @@ def _ragen2_top_p(
 
 
 #: name -> fn(group_rewards: list of (K_g,) tensors, **filter_params) -> kept group indices
-GROUP_FILTERS: dict[str, Callable[..., torch.Tensor]] = {
-    "none": _keep_all,
-    "dapo": filters.dapo_keep,
-    "starpo_s": filters.starpo_s_keep,
-    "ragen2_top_p": _ragen2_top_p,
-}
+GROUP_FILTERS: Registry[Callable[..., torch.Tensor]] = Registry(
+    {
+        "none": _keep_all,
+        "dapo": filters.dapo_keep,
+        "starpo_s": filters.starpo_s_keep,
+        "ragen2_top_p": _ragen2_top_p,
+    },
+    key="algorithm.group_filter",
+    what="group filter",
+    accept=inspect.isfunction,
+    expected="a group filter; name a function (group_rewards: list of tensors, **params) -> kept group "
+    "indices (docs/algorithms.md)",
+    params=lambda fn: fn,
+    params_key="algorithm.filter_params",
+    checker="steprl.algorithms.check:check_group_filter",
+)
 
 __all__ = [
     "ADVANTAGES",

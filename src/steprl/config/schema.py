@@ -63,6 +63,7 @@ from steprl.config.values import (
 
 # the run, model and env sections live in config/sections.py; importable from here as before
 from steprl.engines.registry import ENGINES
+from steprl.registry import Registry
 
 #: trajectories per RL step (group_size x tasks_per_step): a step holds all of them in memory
 MAX_PER_STEP = 262_144
@@ -185,12 +186,12 @@ class AlgorithmSection(Section):
     @field_validator("advantage")
     @classmethod
     def _known_advantage(cls, v: str) -> str:
-        return _one_of(v, ADVANTAGES)
+        return _entry(v, ADVANTAGES)
 
     @field_validator("policy_loss")
     @classmethod
     def _known_loss(cls, v: str) -> str:
-        return _one_of(v, POLICY_LOSSES)
+        return _entry(v, POLICY_LOSSES)
 
     @field_validator("aggregation")
     @classmethod
@@ -200,7 +201,7 @@ class AlgorithmSection(Section):
     @field_validator("group_filter")
     @classmethod
     def _known_filter(cls, v: str) -> str:
-        return _one_of(v, GROUP_FILTERS)
+        return _entry(v, GROUP_FILTERS)
 
     @field_validator("empg", "overlong", mode="before")
     @classmethod
@@ -226,9 +227,9 @@ class AlgorithmSection(Section):
 
     @model_validator(mode="after")
     def _params_match_signatures(self) -> AlgorithmSection:
-        check_params("algorithm.advantage_params", ADVANTAGES[self.advantage], self.advantage_params)
-        check_params("algorithm.loss_params", POLICY_LOSSES[self.policy_loss].fn, self.loss_params)
-        check_params("algorithm.filter_params", GROUP_FILTERS[self.group_filter], self.filter_params)
+        ADVANTAGES.check_params(self.advantage, self.advantage_params)
+        POLICY_LOSSES.check_params(self.policy_loss, self.loss_params)
+        GROUP_FILTERS.check_params(self.group_filter, self.filter_params)
         if self.aggregation == "seq-mean-token-sum-norm" and self.loss_scale_factor is None:
             raise ValueError(
                 "algorithm.aggregation, algorithm.loss_scale_factor: aggregation=seq-mean-token-sum-norm "
@@ -386,7 +387,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _cross_policy_needs_proximal(self) -> Config:
         cp = self.rollout.cross_policy
-        loss = POLICY_LOSSES[self.algorithm.policy_loss]
+        loss = POLICY_LOSSES.lookup(self.algorithm.policy_loss)
         if cp is not None and cp.snapshots > 1 and not loss.needs_proximal:
             raise ValueError(
                 f"rollout.cross_policy: algorithm.policy_loss={self.algorithm.policy_loss} would clip "
@@ -412,6 +413,18 @@ class Config(Section):
             "trajectories_per_mini_batch": max(1, per_step // self.trainer.mini_batches),
             "optimizer_steps_per_rl_step": self.trainer.epochs * self.trainer.mini_batches,
         }
+
+
+def _entry(value: str, registry: Registry[Any]) -> str:
+    """`value` if the registry resolves it (a name, or an import path of your own); its one line
+    otherwise, less the key (the error names the field it is raised for)."""
+    try:
+        registry.lookup(value)
+    except ConfigError as exc:
+        raise ValueError(
+            str(exc).removeprefix(f"{registry.key}: ").removeprefix(f"{registry.key} ")
+        ) from None
+    return value
 
 
 def _one_of(value: str, allowed: Any) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from steprl.engines.base import SamplingParams, ServingEngine
 from steprl.engines.weights import WeightUpdate
+from steprl.registry import Registry, instance_of
 
 if TYPE_CHECKING:  # the engines import transformers: only the one picked is imported
     from steprl.engines.hf import EngineSettings
@@ -68,10 +69,20 @@ class EngineSpec:
     cross_policy: bool  # holds past versions' weights (rollout.cross_policy)
 
 
-ENGINES: dict[str, EngineSpec] = {
-    "hf": EngineSpec(_hf, "transformers in this process: continuous batching, KV and prefix caches", True),
-    "vllm": EngineSpec(_vllm, "vLLM in a worker process of the .venv-vllm venv (make vllm-venv)", False),
-}
+ENGINES: Registry[EngineSpec] = Registry(
+    {
+        "hf": EngineSpec(
+            _hf, "transformers in this process: continuous batching, KV and prefix caches", True
+        ),
+        "vllm": EngineSpec(_vllm, "vLLM in a worker process of the .venv-vllm venv (make vllm-venv)", False),
+    },
+    key="rollout.engine",
+    what="engine",
+    accept=instance_of(EngineSpec),
+    expected="an EngineSpec",
+    checker=None,
+    checked_by="check_engine, serving a small model (tests/rollout/test_engines.py; vllm: its soak suite)",
+)
 
 
 def check_engine(

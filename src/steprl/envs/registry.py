@@ -26,8 +26,6 @@ import importlib
 import importlib.metadata
 import inspect
 import json
-import os
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -35,6 +33,7 @@ from typing import Any
 from steprl.envs.base import Env
 from steprl.envs.spec import EnvSpec, TaskFactory
 from steprl.errors import UserError
+from steprl.registry import Registry, import_module, instance_of, load_attr
 from steprl.types import Task
 
 __all__ = [
@@ -168,17 +167,7 @@ def _harness_family(params: Mapping[str, Any]) -> EnvSpec:
         raise HarnessParamsError(
             "env.params.tasks: the env whose tasks (and demonstrations) the harness plays, e.g. calculator"
         )
-    module_name, _, attr = path.partition(":")
-    try:
-        fn: Any = _import(module_name)
-    except Exception as exc:
-        raise HarnessParamsError(
-            f"env.params.run: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise HarnessParamsError(f"env.params.run: module {module_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
+    fn = load_attr(path, "env.params.run", HarnessParamsError)
     return harness_spec(params, check_run(fn, path), get_spec(inner, params.get("env_params") or {}))
 
 
@@ -188,16 +177,35 @@ def _mcp_family(params: Mapping[str, Any]) -> EnvSpec:
     return mcp_spec(params)
 
 
-ENVS: dict[str, EnvSpec] = _builtin_specs()
+ENVS: Registry[EnvSpec] = Registry(
+    _builtin_specs(),
+    key="env",
+    what="env",
+    accept=instance_of(EnvSpec),
+    expected="an EnvSpec",
+    params=lambda spec: spec.factory,  # env.task_params: `check_params` below, with the factory's
+    params_key="env.params",
+    skip=0,
+    checker="steprl.envs.check:check_env",
+    cheap=False,  # episodes of every env (tests/envs/test_check_env.py)
+)
 
 #: Families: env names whose spec is built from `env.params` (the spec's factory takes the
 #: same params), so a Gymnasium id or an MCP server trains from YAML alone.
-FAMILIES: dict[str, Callable[[Mapping[str, Any]], EnvSpec]] = {
-    "gym": _gym_family,
-    "harness": _harness_family,
-    "mcp": _mcp_family,
-    "synth": _synth_family,
-}
+FAMILIES: Registry[Callable[[Mapping[str, Any]], EnvSpec]] = Registry(
+    {
+        "gym": _gym_family,
+        "harness": _harness_family,
+        "mcp": _mcp_family,
+        "synth": _synth_family,
+    },
+    key="env",
+    what="env family",
+    accept=inspect.isfunction,
+    expected="a family; name a function (params) -> EnvSpec",
+    checker=None,
+    checked_by="check_spec over the specs a family builds from its params (tests/envs)",
+)
 
 _FAMILY_SPECS: dict[str, EnvSpec] = {}  # (family, params) -> its spec, built once per process
 
@@ -210,21 +218,12 @@ def register(spec: EnvSpec, *, replace: bool = False) -> EnvSpec:
     return spec
 
 
-def _import(module: str) -> Any:
-    """`importlib.import_module`, also finding modules in the working directory (as `python -m`
-    and uvicorn do; the `steprl` script's own sys.path lacks it). Appended: never shadows."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-    return importlib.import_module(module)
-
-
 def load_plugins(modules: Sequence[str]) -> None:
     """Import each module (they call `register`); one that fails is an `EnvLoadError` naming it.
     Modules in the working directory are found too."""
     for module in modules:
         try:
-            _import(module)
+            import_module(module)
         except (Exception, SystemExit) as exc:  # a plugin that calls sys.exit() on import, too
             raise EnvLoadError(
                 f"plugin {module!r} failed to import: {type(exc).__name__}: {exc}. "
@@ -269,21 +268,7 @@ def _as_spec(obj: object, where: str) -> EnvSpec:
 
 
 def _from_import_path(path: str) -> EnvSpec:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise EnvLoadError(f"env {path!r}: an import path looks like package.module:attr")
-    try:
-        module = _import(module_name)
-    except Exception as exc:
-        raise EnvLoadError(
-            f"env {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise EnvLoadError(f"env {path!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return _as_spec(obj, f"env {path!r}")
+    return _as_spec(load_attr(path, "env", EnvLoadError), f"env {path!r}")
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:

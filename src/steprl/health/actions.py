@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from steprl.registry import Registry, instance_of
+
 Params = Mapping[str, Any]
 
 
@@ -115,52 +117,51 @@ def stop(levers: Levers, p: Params, step: int) -> Result:
     return levers, Once(stop=True), "stop"
 
 
-ACTIONS: dict[str, ActionSpec] = {
-    "alert": ActionSpec(alert, {}, "one ALERT line naming the rule and its signals"),
-    "snapshot": ActionSpec(snapshot, {}, "a checkpoint of this step (trainer.keep_last applies)"),
-    "rollback": ActionSpec(
-        rollback,
-        {"k": 1, "replay": False},
-        "restore the weights and optimizer of k steps back (the in-memory ring, health.snapshots); "
-        "replay: the undone steps' tasks are served again first (else skipped)",
-    ),
-    "lr_scale": ActionSpec(lr_scale, {"factor": 0.5, "min": 0.01}, "multiply the learning rate (floored)"),
-    "kl_scale": ActionSpec(
-        kl_scale, {"factor": 2.0, "max": 100.0}, "multiply the KL coefficient (needs kl_coef > 0)"
-    ),
-    "entropy_bonus": ActionSpec(entropy_bonus, {"coef": 0.01}, "an entropy bonus in the policy loss"),
-    "filter": ActionSpec(filter_groups, {"min_group_std": 0.05}, "drop groups with little reward spread"),
-    "curriculum_hold": ActionSpec(curriculum_hold, {"steps": 5}, "the horizon curriculum waits"),
-    "stop": ActionSpec(stop, {}, "stop the run: one line naming the rule and the last good checkpoint"),
-}
+ACTIONS: Registry[ActionSpec] = Registry(
+    {
+        "alert": ActionSpec(alert, {}, "one ALERT line naming the rule and its signals"),
+        "snapshot": ActionSpec(snapshot, {}, "a checkpoint of this step (trainer.keep_last applies)"),
+        "rollback": ActionSpec(
+            rollback,
+            {"k": 1, "replay": False},
+            "restore the weights and optimizer of k steps back (the in-memory ring, health.snapshots); "
+            "replay: the undone steps' tasks are served again first (else skipped)",
+        ),
+        "lr_scale": ActionSpec(
+            lr_scale, {"factor": 0.5, "min": 0.01}, "multiply the learning rate (floored)"
+        ),
+        "kl_scale": ActionSpec(
+            kl_scale, {"factor": 2.0, "max": 100.0}, "multiply the KL coefficient (needs kl_coef > 0)"
+        ),
+        "entropy_bonus": ActionSpec(entropy_bonus, {"coef": 0.01}, "an entropy bonus in the policy loss"),
+        "filter": ActionSpec(filter_groups, {"min_group_std": 0.05}, "drop groups with little reward spread"),
+        "curriculum_hold": ActionSpec(curriculum_hold, {"steps": 5}, "the horizon curriculum waits"),
+        "stop": ActionSpec(stop, {}, "stop the run: one line naming the rule and the last good checkpoint"),
+    },
+    key="health.rules.actions",
+    what="action",
+    accept=instance_of(ActionSpec),
+    expected="an ActionSpec (health/actions.py)",
+    params=lambda spec: spec.params,
+    checker="steprl.health.actions:check_action",
+)
 
 
 def resolve_params(name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """The action's params: its defaults overridden by `given`; unknown names or wrong types
     raise ValueError naming the allowed ones."""
-    spec = ACTIONS[name]
-    unknown = sorted(set(given) - set(spec.params))
-    if unknown:
-        raise ValueError(f"action {name!r} has no param {unknown[0]!r}; its params: {dict(spec.params)}")
-    out = dict(spec.params)
-    for key, value in given.items():
-        want = type(spec.params[key])
-        ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise ValueError(f"action {name!r}: {key} must be {want.__name__} (got {value!r})")
-        out[key] = value
-    return out
+    return ACTIONS.check_params(name, given)
 
 
 class ActionCheckError(Exception):
     pass
 
 
-def check_action(name: str, spec: ActionSpec) -> None:
+def check_action(name: str, spec: ActionSpec | None = None) -> None:
     """An action is pure (the same levers and params give the same result twice), leaves the
-    levers it does not own alone only through its result, and says what it did."""
+    levers it does not own alone only through its result, and says what it did. `spec`: the
+    entry `name` of `ACTIONS` unless given."""
+    spec = spec if spec is not None else ACTIONS.lookup(name)
     params = dict(spec.params)
     for levers in (
         Levers(),

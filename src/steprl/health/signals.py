@@ -32,6 +32,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from steprl.registry import Registry, instance_of
+
 Row = Mapping[str, float]
 Window = Sequence[Row]  # oldest first; the current step is the last row
 
@@ -183,71 +185,81 @@ def tool_call_fall(window: Window) -> float | None:
     return max(0.0, (peak - smooth[-1]) / peak)
 
 
-SIGNALS: dict[str, SignalSpec] = {
-    "reward_slope": SignalSpec(reward_slope, ("reward/mean",), "slope of the mean reward per step", 5),
-    "outcome_slope": SignalSpec(
-        outcome_slope, (OUTCOME,), "slope of the outcome reward component per step", PROXY_WINDOW
-    ),
-    "proxy_gap": SignalSpec(
-        proxy_gap,
-        ("reward/mean", OUTCOME, *PENALTIES),
-        "slope of the reward paid for other than the outcome, penalties and costs",
-        PROXY_WINDOW,
-    ),
-    "zero_var_share": SignalSpec(
-        _mean_last("reward/zero_variance_group_frac", 3),
-        ("reward/zero_variance_group_frac",),
-        "share of groups whose rewards are all equal (no GRPO gradient), last 3 steps",
-    ),
-    "tiny_std_share": SignalSpec(
-        _latest("reward/tiny_std_group_frac"),
-        ("reward/tiny_std_group_frac",),
-        "share of groups whose rewards differ by a std under 0.05 (GRPO's std division amplifies it)",
-    ),
-    "group_std": SignalSpec(
-        _mean_last("reward/group_std_mean", 3),
-        ("reward/group_std_mean",),
-        "mean in-group reward std, last 3 steps",
-    ),
-    "entropy_drop": SignalSpec(
-        entropy_drop, ("actor/entropy",), "steps in a row below the entropy's own band", ENTROPY_REFERENCE + 1
-    ),
-    "entropy_z": SignalSpec(
-        entropy_z, ("actor/entropy",), "entropy against its band, in stds", ENTROPY_REFERENCE + 1
-    ),
-    "grad_norm_z": SignalSpec(grad_norm_z, ("actor/grad_norm_max",), "z-score of the gradient norm", 6),
-    "clip_frac": SignalSpec(_latest("actor/clip_frac"), ("actor/clip_frac",), "share of tokens clipped"),
-    "approx_kl": SignalSpec(
-        _latest("actor/approx_kl"), ("actor/approx_kl",), "how far one step moved the policy (nats)"
-    ),
-    "tool_call_rate": SignalSpec(
-        _mean_last("tools/call_rate", 3), ("tools/call_rate",), "episodes calling a tool, last 3 steps"
-    ),
-    "tool_call_fall": SignalSpec(
-        tool_call_fall, ("tools/call_rate",), "fall of the tool-call rate from its peak (share)", 3
-    ),
-    "tool_valid": SignalSpec(
-        _latest("tools/valid_frac"), ("tools/valid_frac",), "share of tool calls that parsed"
-    ),
-    "turns_mean": SignalSpec(
-        _latest("episode/turns_mean"), ("episode/turns_mean",), "mean turns per episode"
-    ),
-    "logprob_mismatch": SignalSpec(
-        _latest("actor/engine_logprob_diff_max"),
-        ("actor/engine_logprob_diff_max",),
-        "largest engine-learner log-prob difference",
-    ),
-    # written by the teacher-forced probe every health.mi_every steps (health/mutual_info.py)
-    "mi": SignalSpec(
-        _latest("health/mi"), ("health/mi",), "RAGEN-2 mutual-information estimate (nats)", probe=True
-    ),
-    "mi_retrieval_gap": SignalSpec(
-        _latest("health/mi_retrieval_gap"),
-        ("health/mi_retrieval_gap",),
-        "retrieval accuracy minus chance (1/N)",
-        probe=True,
-    ),
-}
+SIGNALS: Registry[SignalSpec] = Registry(
+    {
+        "reward_slope": SignalSpec(reward_slope, ("reward/mean",), "slope of the mean reward per step", 5),
+        "outcome_slope": SignalSpec(
+            outcome_slope, (OUTCOME,), "slope of the outcome reward component per step", PROXY_WINDOW
+        ),
+        "proxy_gap": SignalSpec(
+            proxy_gap,
+            ("reward/mean", OUTCOME, *PENALTIES),
+            "slope of the reward paid for other than the outcome, penalties and costs",
+            PROXY_WINDOW,
+        ),
+        "zero_var_share": SignalSpec(
+            _mean_last("reward/zero_variance_group_frac", 3),
+            ("reward/zero_variance_group_frac",),
+            "share of groups whose rewards are all equal (no GRPO gradient), last 3 steps",
+        ),
+        "tiny_std_share": SignalSpec(
+            _latest("reward/tiny_std_group_frac"),
+            ("reward/tiny_std_group_frac",),
+            "share of groups whose rewards differ by a std under 0.05 (GRPO's std division amplifies it)",
+        ),
+        "group_std": SignalSpec(
+            _mean_last("reward/group_std_mean", 3),
+            ("reward/group_std_mean",),
+            "mean in-group reward std, last 3 steps",
+        ),
+        "entropy_drop": SignalSpec(
+            entropy_drop,
+            ("actor/entropy",),
+            "steps in a row below the entropy's own band",
+            ENTROPY_REFERENCE + 1,
+        ),
+        "entropy_z": SignalSpec(
+            entropy_z, ("actor/entropy",), "entropy against its band, in stds", ENTROPY_REFERENCE + 1
+        ),
+        "grad_norm_z": SignalSpec(grad_norm_z, ("actor/grad_norm_max",), "z-score of the gradient norm", 6),
+        "clip_frac": SignalSpec(_latest("actor/clip_frac"), ("actor/clip_frac",), "share of tokens clipped"),
+        "approx_kl": SignalSpec(
+            _latest("actor/approx_kl"), ("actor/approx_kl",), "how far one step moved the policy (nats)"
+        ),
+        "tool_call_rate": SignalSpec(
+            _mean_last("tools/call_rate", 3), ("tools/call_rate",), "episodes calling a tool, last 3 steps"
+        ),
+        "tool_call_fall": SignalSpec(
+            tool_call_fall, ("tools/call_rate",), "fall of the tool-call rate from its peak (share)", 3
+        ),
+        "tool_valid": SignalSpec(
+            _latest("tools/valid_frac"), ("tools/valid_frac",), "share of tool calls that parsed"
+        ),
+        "turns_mean": SignalSpec(
+            _latest("episode/turns_mean"), ("episode/turns_mean",), "mean turns per episode"
+        ),
+        "logprob_mismatch": SignalSpec(
+            _latest("actor/engine_logprob_diff_max"),
+            ("actor/engine_logprob_diff_max",),
+            "largest engine-learner log-prob difference",
+        ),
+        # written by the teacher-forced probe every health.mi_every steps (health/mutual_info.py)
+        "mi": SignalSpec(
+            _latest("health/mi"), ("health/mi",), "RAGEN-2 mutual-information estimate (nats)", probe=True
+        ),
+        "mi_retrieval_gap": SignalSpec(
+            _latest("health/mi_retrieval_gap"),
+            ("health/mi_retrieval_gap",),
+            "retrieval accuracy minus chance (1/N)",
+            probe=True,
+        ),
+    },
+    key="health.rules.when.signal",
+    what="signal",
+    accept=instance_of(SignalSpec),
+    expected="a SignalSpec (health/signals.py)",
+    checker="steprl.health.signals:check_signal",
+)
 
 
 def compute_signals(window: Window) -> dict[str, float]:
@@ -276,12 +288,14 @@ class SignalCheckError(Exception):
     pass
 
 
-def check_signal(name: str, spec: SignalSpec, *, seed: int = 0, trials: int = 40) -> None:
+def check_signal(name: str, spec: SignalSpec | None = None, *, seed: int = 0, trials: int = 40) -> None:
     """A signal is pure and reads only what it declares: on random windows of its `reads` (rows
     missing a value, NaN and infinite values among them; 0 to 25 rows) it gives a finite value or
     None, the same twice, and the same when the rows also hold keys it does not declare. Raises
     `SignalCheckError` naming what failed."""
     import random  # noqa: PLC0415 - only the checker draws
+
+    spec = spec if spec is not None else SIGNALS.lookup(name)  # the entry `name` unless given
 
     rng = random.Random(seed)
     for _ in range(trials):

@@ -22,6 +22,7 @@ from steprl.errors import UserError
 from steprl.extras import require_extra
 from steprl.hosting.env_procs import EnvProcessError, EnvProcesses, ProcessEnv, isolates
 from steprl.hosting.env_worker import Meta
+from steprl.registry import Registry
 from steprl.types import Task
 
 T = TypeVar("T")
@@ -155,13 +156,21 @@ def _ray(env: str, params: Mapping[str, Any], runtime: Any, plugins: Sequence[st
 
 #: runtime.backend -> (env name, env params, the config's RuntimeSection, plugin modules) -> EnvBackend.
 #: HTTP and Ray are imported only when picked (ray is heavy to import, and both are extras).
-BACKENDS: dict[str, Callable[[str, Mapping[str, Any], Any, Sequence[str]], EnvBackend]] = {
-    "inprocess": lambda env, params, runtime, plugins: InProcessBackend(
-        env, params, call_timeout_s=runtime.env_call_timeout_s, plugins=plugins
-    ).probe(),
-    "http": _http,
-    "ray": _ray,
-}
+BACKENDS: Registry[Callable[[str, Mapping[str, Any], Any, Sequence[str]], EnvBackend]] = Registry(
+    {
+        "inprocess": lambda env, params, runtime, plugins: InProcessBackend(
+            env, params, call_timeout_s=runtime.env_call_timeout_s, plugins=plugins
+        ).probe(),
+        "http": _http,
+        "ray": _ray,
+    },
+    key="runtime.backend",
+    what="env backend",
+    accept=inspect.isfunction,
+    expected="a backend factory; name a function (env, params, runtime, plugins) -> EnvBackend",
+    checker=None,
+    checked_by="the conformance suite: each backend serves the same envs (tests/hosting/test_conformance.py)",
+)
 
 
 @dataclass(frozen=True)
@@ -230,10 +239,5 @@ def make_backend(
     the modules that register the run's envs: imported here, and by the env server or the Ray
     workers that the backend starts, so every process resolves `env` the same way."""
     load_plugins(plugins)
-    try:
-        build = BACKENDS[runtime.backend]
-    except KeyError:
-        raise ValueError(
-            f"runtime.backend: unknown name {runtime.backend!r}; allowed values: {sorted(BACKENDS)}"
-        ) from None
+    build = BACKENDS.lookup(runtime.backend)
     return build(env, params, runtime, tuple(plugins))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from steprl.registry import Registry, instance_of
 from steprl.report import admission, config_section, curves, episodes, health, learning_diff, steering
 from steprl.report.budget import size
 from steprl.report.run_data import RunData, empty_run
@@ -27,17 +28,24 @@ class SectionSpec:
     script: str = ""  # JavaScript defining `renderer`, for a section that brings its own
 
 
-SECTIONS: dict[str, SectionSpec] = {
-    "config": SectionSpec("Config", config_section.build, "config"),
-    "curves": SectionSpec("Curves", curves.build, "curves"),
-    "learning_diff": SectionSpec("Learning diff", learning_diff.build, "learning_diff"),
-    "episodes": SectionSpec("Episodes", episodes.build, "episodes"),
-    "alarms": SectionSpec("Alarms and interventions", health.build, health.RENDERER, health.SCRIPT),
-    "curriculum": SectionSpec("Curriculum stages", steering.curriculum, "table"),
-    "env_weights": SectionSpec("Per-env weights", steering.env_weights, "table"),
-    "admission": SectionSpec("Task admission", admission.build, "table"),
-    "admission_shapes": SectionSpec("Task admission by shape", admission.by_shape, "table"),
-}
+SECTIONS: Registry[SectionSpec] = Registry(
+    {
+        "config": SectionSpec("Config", config_section.build, "config"),
+        "curves": SectionSpec("Curves", curves.build, "curves"),
+        "learning_diff": SectionSpec("Learning diff", learning_diff.build, "learning_diff"),
+        "episodes": SectionSpec("Episodes", episodes.build, "episodes"),
+        "alarms": SectionSpec("Alarms and interventions", health.build, health.RENDERER, health.SCRIPT),
+        "curriculum": SectionSpec("Curriculum stages", steering.curriculum, "table"),
+        "env_weights": SectionSpec("Per-env weights", steering.env_weights, "table"),
+        "admission": SectionSpec("Task admission", admission.build, "table"),
+        "admission_shapes": SectionSpec("Task admission by shape", admission.by_shape, "table"),
+    },
+    key="report section",
+    what="section",
+    accept=instance_of(SectionSpec),
+    expected="a SectionSpec (report/registry.py)",
+    checker="steprl.report.registry:check_section",
+)
 
 
 def section_data(name: str, spec: SectionSpec, run: RunData) -> Any:
@@ -58,9 +66,10 @@ def sized_section_data(name: str, spec: SectionSpec, run: RunData) -> tuple[Any,
         ) from exc
 
 
-def check_section(name: str, spec: SectionSpec, run: RunData | None = None) -> None:
-    """Raise unless `spec` builds JSON from `run` (default: an empty run) and names a renderer
-    the page has."""
+def check_section(name: str, spec: SectionSpec | None = None, run: RunData | None = None) -> None:
+    """Raise unless `spec` (default: the entry `name`) builds JSON from `run` (default: an empty
+    run) and names a renderer the page has."""
+    spec = spec if spec is not None else SECTIONS.lookup(name)
     if spec.renderer not in RENDERERS and f'RENDERERS["{spec.renderer}"]' not in spec.script:
         raise ValueError(
             f"report section {name!r}: renderer {spec.renderer!r} is not one of {RENDERERS}; "

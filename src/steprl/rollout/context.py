@@ -7,9 +7,12 @@ the others are trained one sample per step (see `rollout.views`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from steprl.registry import Registry
 
 #: (action_ids, observation_ids[, query]) for each finished step, oldest first; `query` is True
 #: when the observation was a user turn rather than a tool result (what Qwen3's template keys
@@ -119,10 +122,18 @@ def _strip_thinking(k: int, fmt: ThinkTokens) -> ContextRule:
 
 #: name -> factory taking `k` (ignored where it means nothing) and the prompt format (whose ids
 #: `strip_thinking` cuts at). The config picks one by name.
-CONTEXT_RULES: dict[str, Callable[[int, ThinkTokens], ContextRule]] = {
-    "append_only": lambda k, fmt: AppendOnly(),
-    "keep_thinking": lambda k, fmt: AppendOnly(),  # append-only: earlier <think> stays in context
-    "strip_thinking": _strip_thinking,
-    "keep_last_k": lambda k, fmt: KeepLastK(k),
-    "drop_old_observations": lambda k, fmt: DropOldObservations(k),
-}
+CONTEXT_RULES: Registry[Callable[[int, ThinkTokens], ContextRule]] = Registry(
+    {
+        "append_only": lambda k, fmt: AppendOnly(),
+        "keep_thinking": lambda k, fmt: AppendOnly(),  # append-only: earlier <think> stays in context
+        "strip_thinking": _strip_thinking,
+        "keep_last_k": lambda k, fmt: KeepLastK(k),
+        "drop_old_observations": lambda k, fmt: DropOldObservations(k),
+    },
+    key="rollout.context",
+    what="context rule",
+    accept=lambda obj: inspect.isfunction(obj) or isinstance(obj, type),
+    expected="a context rule factory; name a function or class (k, fmt) -> ContextRule",
+    checker=None,
+    checked_by="check_context_rule, on rollouts of a random policy (tests/rollout/test_context_rules.py)",
+)

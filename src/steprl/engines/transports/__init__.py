@@ -9,6 +9,7 @@ process boundary, picklable where it must be) and back into an update on the rec
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +20,7 @@ from steprl.engines.transports.files import SafetensorsFiles
 from steprl.engines.transports.inprocess import InProcess
 from steprl.engines.transports.ray_store import RayObjectStore
 from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, load_in_place
+from steprl.registry import Registry
 
 
 class Transport(Protocol):
@@ -30,11 +32,20 @@ class Transport(Protocol):
 
 
 #: name -> a transport, given a scratch directory it may write under
-WEIGHT_SYNC: dict[str, Callable[[Path], Transport]] = {
-    "inprocess": lambda _: InProcess(),  # the HF engine beside the learner
-    "ray": lambda _: RayObjectStore(),  # Ray rollout workers (runtime.rollout_workers)
-    "files": SafetensorsFiles,  # the vLLM worker process (rollout.engine: vllm)
-}
+WEIGHT_SYNC: Registry[Callable[[Path], Transport]] = Registry(
+    {
+        "inprocess": lambda _: InProcess(),  # the HF engine beside the learner
+        "ray": lambda _: RayObjectStore(),  # Ray rollout workers (runtime.rollout_workers)
+        "files": SafetensorsFiles,  # the vLLM worker process (rollout.engine: vllm)
+    },
+    key="weight_sync",
+    what="weight transport",
+    accept=lambda obj: inspect.isfunction(obj) or isinstance(obj, type),  # a builtin is callable too
+    expected="a transport factory; name a function (scratch: Path) -> Transport",
+    checker=None,
+    checked_by="check_weight_sync, between two small models; ray: a Ray cluster "
+    "(tests/rollout/test_weight_sync.py)",
+)
 
 
 def check_weight_sync(transport: Transport, sender: torch.nn.Module, receiver: torch.nn.Module) -> int:

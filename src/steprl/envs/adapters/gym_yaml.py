@@ -40,7 +40,6 @@ Defaults for known envs live in `KNOWN`, keyed by id prefix; params override the
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -78,6 +77,7 @@ from steprl.envs.policy import Policy
 from steprl.envs.spec import EnvSpec
 from steprl.errors import UserError
 from steprl.extras import require
+from steprl.registry import load_attr
 from steprl.types import Task
 
 if TYPE_CHECKING:
@@ -214,15 +214,7 @@ def _validate(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def _load(key: str, path: str) -> Any:
     """The object at import path ``package.module:attr`` (named by param `key` in errors)."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise GymParamsError(f"env.params.{key}: {path!r} is not an import path package.module:function")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise GymParamsError(f"env.params.{key}: cannot load {path!r}: {exc}") from None
+    obj = load_attr(path, f"env.params.{key}", GymParamsError)
     if not callable(obj):
         raise GymParamsError(f"env.params.{key}: {path!r} is a {type(obj).__name__}, not a function")
     return obj

@@ -19,11 +19,13 @@ import io
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from steprl.config import Config
-from steprl.training.components import Stateful, by_name, class_with
+from steprl.registry import Registry, class_with
+from steprl.training.components import Stateful
 from steprl.training.controllers.adaptive_kl import AdaptiveKL
 from steprl.training.controllers.base import Adjustments, Controller, Rollback, StepReport
 from steprl.training.controllers.failure_guard import FailureGuard
@@ -41,16 +43,29 @@ class ControllerSpec:
 
 #: name -> how to make it and when a run has it; the name keys its state in the checkpoint.
 #: Order matters only for a stop: the first controller's reason is the one reported.
-CONTROLLERS: dict[str, ControllerSpec] = {
-    # health rules over the recent steps' signals (`health:`; first: its hold reaches the others)
-    "health": ControllerSpec(HealthMonitor.from_config, lambda cfg: cfg.health.enabled),
-    "adaptive_kl": ControllerSpec(AdaptiveKL.from_config, lambda cfg: cfg.algorithm.kl_ctrl == "adaptive"),
-    "nonfinite_guard": ControllerSpec(NonfiniteGuard.from_config, lambda cfg: True),
-    "failure_guard": ControllerSpec(FailureGuard.from_config, lambda cfg: True),
-    # trainer.curriculum: the turn cap of the tasks admitted next
-    "horizon_stepwise": ControllerSpec(HorizonStepwise.from_config, lambda cfg: _horizon(cfg) == "stepwise"),
-    "horizon_gated": ControllerSpec(HorizonGated.from_config, lambda cfg: _horizon(cfg) == "gated"),
-}
+CONTROLLERS: Registry[ControllerSpec] = Registry(
+    {
+        # health rules over the recent steps' signals (`health:`; first: its hold reaches the others)
+        "health": ControllerSpec(HealthMonitor.from_config, lambda cfg: cfg.health.enabled),
+        "adaptive_kl": ControllerSpec(
+            AdaptiveKL.from_config, lambda cfg: cfg.algorithm.kl_ctrl == "adaptive"
+        ),
+        "nonfinite_guard": ControllerSpec(NonfiniteGuard.from_config, lambda cfg: True),
+        "failure_guard": ControllerSpec(FailureGuard.from_config, lambda cfg: True),
+        # trainer.curriculum: the turn cap of the tasks admitted next
+        "horizon_stepwise": ControllerSpec(
+            HorizonStepwise.from_config, lambda cfg: _horizon(cfg) == "stepwise"
+        ),
+        "horizon_gated": ControllerSpec(HorizonGated.from_config, lambda cfg: _horizon(cfg) == "gated"),
+    },
+    key="trainer.controllers",
+    what="controller",
+    accept=lambda obj: _controller_factory(obj),
+    expected="a controller factory; name a function (cfg) -> controller, a controller class (cfg) "
+    "with current, observe, state_dict, load_state_dict, or a ControllerSpec (docs/components.md)",
+    checker=None,
+    checked_by="check_controller, with a config that uses each one (tests/training/test_controllers.py)",
+)
 
 
 def _horizon(cfg: Config) -> str | None:
@@ -60,15 +75,7 @@ def _horizon(cfg: Config) -> str | None:
 def controller_spec(name: str) -> ControllerSpec:
     """The controller `name`: an entry of `CONTROLLERS`, or the import path of your own (a
     `ControllerSpec`, or a factory (cfg) -> controller, used whenever it is named)."""
-    obj = by_name(
-        name,
-        CONTROLLERS,
-        "trainer.controllers",
-        "controller",
-        accept=_controller_factory,
-        expected="a controller factory; name a function (cfg) -> controller, a controller class (cfg) "
-        "with current, observe, state_dict, load_state_dict, or a ControllerSpec (docs/components.md)",
-    )
+    obj: Any = CONTROLLERS.lookup(name)  # a ControllerSpec, or what `_controller_factory` accepts
     return obj if isinstance(obj, ControllerSpec) else ControllerSpec(obj, lambda cfg: True)
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from steprl.algorithms.losses import value_loss
+from steprl.registry import Registry, instance_of
 from steprl.rollout.views import Sample
 from steprl.training.learn.batching import collate, device_of
 from steprl.training.learn.guards import grad_metrics, guarded_epochs
@@ -240,10 +241,18 @@ def _shared(a: CriticArgs) -> Critic:
 
 
 #: `algorithm.critic` (besides "none"): one entry per kind, `check_critic` run over each
-CRITICS: dict[str, CriticSpec] = {
-    "separate": CriticSpec(_separate, False, "its own backbone (a copy of the policy's), head and AdamW"),
-    "shared": CriticSpec(_shared, True, "a head on the policy's hidden states, trained with the policy"),
-}
+CRITICS: Registry[CriticSpec] = Registry(
+    {
+        "separate": CriticSpec(_separate, False, "its own backbone (a copy of the policy's), head and AdamW"),
+        "shared": CriticSpec(_shared, True, "a head on the policy's hidden states, trained with the policy"),
+    },
+    key="algorithm.critic",
+    what="critic",
+    accept=instance_of(CriticSpec),
+    expected="a CriticSpec",
+    checker=None,
+    checked_by="check_critic, on a small model's samples (tests/training/test_critics.py)",
+)
 
 
 def check_critic(critic: Critic, samples: Sequence[Sample]) -> None:

@@ -204,8 +204,8 @@ def build(
         critic=critic,
         ref_model=ref_model,
         setup=setup,
-        advantage_fn=functools.partial(ADVANTAGES[algo.advantage], **algo.advantage_params),
-        group_filter=functools.partial(GROUP_FILTERS[algo.group_filter], **algo.filter_params),
+        advantage_fn=functools.partial(ADVANTAGES.lookup(algo.advantage), **algo.advantage_params),
+        group_filter=functools.partial(GROUP_FILTERS.lookup(algo.group_filter), **algo.filter_params),
         envs=run,
         eval_tasks=held_out,
         eval_sampling=SamplingParams(temperature=cfg.trainer.eval_temperature, top_p=1.0),
@@ -250,7 +250,7 @@ def _make_learner(
     cfg: Config, policy: Policy, ref_model: torch.nn.Module | None, value_head: ValueHead | None, pack: bool
 ) -> Learner:
     algo = cfg.algorithm
-    loss_spec = POLICY_LOSSES[algo.policy_loss]
+    loss_spec = POLICY_LOSSES.lookup(algo.policy_loss)
     return LocalLearner(
         policy.model,
         policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),

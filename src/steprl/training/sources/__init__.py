@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from steprl.config import ConfigError
-from steprl.config.values import check_params
-from steprl.training.components import Stateful, by_name, class_with
+from steprl.registry import Registry, class_with
+from steprl.training.components import Stateful
 from steprl.training.sources.admission import AdmissionSource
 from steprl.training.sources.difficulty import DifficultySource
 from steprl.training.sources.learning_progress import LearningProgressSource
@@ -59,17 +59,30 @@ class TaskSource(Stateful, Protocol):
 #: then `env.source_params` as keyword arguments) -> a source
 SourceFactory = Callable[..., TaskSource]
 
-TASK_SOURCES: dict[str, SourceFactory] = {
-    "stream": StreamSource,  # the train split(s) in order (several: interleaved by weight)
-    "mixture": MixtureSource,  # each position's env drawn by weight, from the run seed
-    "learning_progress": LearningProgressSource,  # mixture weighted by each env's change in success
-    # tasks re-served from easy / normal / hard pools by their last group-mean reward, and new
-    # ones (unseen), each position's pool drawn by weight from the run seed
-    "difficulty": DifficultySource,
-    # a live set admitted by the pass rate of each task's shape, mastered tasks retired and
-    # replaced from the stream (a synthesized env's train split never ends: `steprl synth`)
-    "admission": AdmissionSource,
-}
+#: what a source class of your own must define (`TaskSource`)
+_METHODS = ("next", "requeue", "observe", "state_dict", "load_state_dict")
+
+TASK_SOURCES: Registry[SourceFactory] = Registry(
+    {
+        "stream": StreamSource,  # the train split(s) in order (several: interleaved by weight)
+        "mixture": MixtureSource,  # each position's env drawn by weight, from the run seed
+        "learning_progress": LearningProgressSource,  # mixture weighted by each env's change in success
+        # tasks re-served from easy / normal / hard pools by their last group-mean reward, and new
+        # ones (unseen), each position's pool drawn by weight from the run seed
+        "difficulty": DifficultySource,
+        # a live set admitted by the pass rate of each task's shape, mastered tasks retired and
+        # replaced from the stream (a synthesized env's train split never ends: `steprl synth`)
+        "admission": AdmissionSource,
+    },
+    key="env.source",
+    what="task source",
+    accept=class_with(*_METHODS),
+    expected=f"a task source class; name a class (tasks, seed, **params) with {', '.join(_METHODS)} "
+    "(TaskSource, docs/components.md)",
+    params=lambda factory: factory,
+    skip=2,
+    checker="steprl.training.sources.check:check_task_source",
+)
 
 
 def make_source(
@@ -84,33 +97,16 @@ def make_source(
     keyword arguments."""
     if not isinstance(tasks, TaskSplits):
         tasks = TaskSplits.one(tasks)
-    factory = _factory(name)
+    factory = TASK_SOURCES.lookup(name)
     params = dict(params or {})
     try:
-        check_params("env.source_params", factory, params, skip=2)
+        TASK_SOURCES.check_params(name, params)
         return factory(tasks, seed, **params)
     except ValueError as exc:  # the factory's own checks too (say, thresholds out of order)
         msg = str(exc) if str(exc).startswith("env.source_params") else f"env.source_params: {exc}"
         if msg.endswith("allowed keys: "):
             msg += f"none ({name!r} takes no params)"
         raise ConfigError(msg) from None
-
-
-#: what a source class of your own must define (`TaskSource`)
-_METHODS = ("next", "requeue", "observe", "state_dict", "load_state_dict")
-
-
-def _factory(name: str) -> SourceFactory:
-    factory: SourceFactory = by_name(
-        name,
-        TASK_SOURCES,
-        "env.source",
-        "task source",
-        accept=class_with(*_METHODS),
-        expected=f"a task source class; name a class (tasks, seed, **params) with {', '.join(_METHODS)} "
-        "(TaskSource, docs/components.md)",
-    )
-    return factory
 
 
 def take(source: TaskSource, n: int) -> list[tuple[int, Task]]:

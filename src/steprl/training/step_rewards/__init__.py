@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from steprl.config import ConfigError, StepRewardSection
-from steprl.config.values import check_params
-from steprl.training.components import by_name, class_with
+from steprl.registry import Registry, class_with
 from steprl.training.step_rewards.base import ModelContext, StepData, StepRewardModel
 from steprl.training.step_rewards.credit import DriftGuard, Scored, StepCredit
 from steprl.training.step_rewards.istar import IStar
@@ -22,41 +21,39 @@ from steprl.training.step_rewards.mc_value import MCValue
 from steprl.training.step_rewards.policy_gain import PolicyGain
 from steprl.training.step_rewards.progress import Progress
 
-#: kind name -> the class `(ModelContext, **params)` that makes it
-STEP_REWARDS: dict[str, Callable[..., StepRewardModel]] = {
-    "istar": IStar,  # implicit PRM, trajectory-level DPO (arXiv 2509.19199)
-    "progress": Progress,  # contributions summing to the outcome + grounding (SPA-RL, 2505.20732)
-    "mc_value": MCValue,  # V regressed on Monte-Carlo returns, one-step advantages (AgentPRM, 2502.10325)
-    "policy_gain": PolicyGain,  # log pi_theta - log pi_ref per step, no training (2606.26080)
-}
-
-
 #: what a kind's class must define (`StepRewardModel`; `trains` may be set in `__init__`)
 _METHODS = ("score", "fit", "state_dict", "load_state_dict")
+
+#: kind name -> the class `(ModelContext, **params)` that makes it
+STEP_REWARDS: Registry[Callable[..., StepRewardModel]] = Registry(
+    {
+        "istar": IStar,  # implicit PRM, trajectory-level DPO (arXiv 2509.19199)
+        "progress": Progress,  # contributions summing to the outcome + grounding (SPA-RL, 2505.20732)
+        "mc_value": MCValue,  # V regressed on Monte-Carlo returns, one-step advantages (AgentPRM, 2502.10325)
+        "policy_gain": PolicyGain,  # log pi_theta - log pi_ref per step, no training (2606.26080)
+    },
+    key="algorithm.step_reward.kind",
+    what="kind",
+    accept=class_with(*_METHODS),
+    expected=f"a step-reward class; name a class (ModelContext, **params) with {', '.join(_METHODS)} "
+    "(StepRewardModel, docs/algorithms.md)",
+    params=lambda cls: cls,
+    params_key="algorithm.step_reward.params",
+    checker="steprl.training.commands.step_reward_check:check_kind",
+    cheap=False,  # a small model and its episodes per kind
+)
 
 
 def step_reward_class(kind: str) -> Callable[..., StepRewardModel]:
     """The kind `kind`: an entry of `STEP_REWARDS` or the import path of your own class. An
     import path to anything else (a function such as `os:system`) is one line now, not a crash
     when the run calls it with the model."""
-    cls: Callable[..., StepRewardModel] = by_name(
-        kind,
-        STEP_REWARDS,
-        "algorithm.step_reward.kind",
-        "kind",
-        accept=class_with(*_METHODS),
-        expected=f"a step-reward class; name a class (ModelContext, **params) with {', '.join(_METHODS)} "
-        "(StepRewardModel, docs/algorithms.md)",
-    )
-    return cls
+    return STEP_REWARDS.lookup(kind)
 
 
 def check_config(section: StepRewardSection) -> None:
     """The kind resolves and its params match its signature: one line, before a model loads."""
-    try:
-        check_params("algorithm.step_reward.params", step_reward_class(section.kind), section.params, skip=1)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    STEP_REWARDS.check_params(section.kind, section.params)
 
 
 def make_step_credit(section: StepRewardSection, ctx: ModelContext) -> StepCredit:
