@@ -45,6 +45,7 @@ from steprl.config.sections import (
     LoraSection,
     ModelSection,
     RunSection,
+    RuntimeSection,
     Section,
     SFTSection,
     StepRewardSection,
@@ -306,27 +307,6 @@ class TrainerSection(Section):
                 f"each beta must be in [0, 1) (got {list(v)}); Adam's usual values: [0.9, 0.999]"
             )
         return v
-
-
-class RuntimeSection(Section):
-    """Where environments run. The training code is the same for all three backends.
-
-    * `inprocess`: env instances live in the trainer process (the default).
-    * `http`: behind `steprl serve-env` (FastAPI); `env_server_url` names a running server, or
-      when it is unset the trainer starts one on loopback for the run and stops it at the end.
-    * `ray`: env instances live in `env_workers` Ray actors; `rollout_workers` Ray actors run
-      the agent loop with their own engine copy (0 = the agent loop stays in the trainer).
-    """
-
-    backend: Literal["inprocess", "http", "ray"] = "inprocess"
-    env_server_url: str | None = None  # http: e.g. http://127.0.0.1:8765 (token from env_token_var)
-    env_token_var: str = "STEPRL_ENV_TOKEN"  # environment variable that holds the server's token
-    env_workers: int = Field(2, gt=0)  # ray: env worker actors
-    rollout_workers: int = Field(0, ge=0)  # ray: rollout worker actors (0 = in the trainer)
-    max_concurrent_envs: int = Field(256, gt=0)  # EnvPool: live env instances at once
-    env_call_timeout_s: float = Field(30.0, gt=0)  # deadline of one reset/step/close
-    failure_budget: float = Field(0.25, ge=0, le=1)  # max share of infra-failed trajectories per step
-    max_failed_steps: int = Field(3, gt=0)  # consecutive steps over failure_budget stop the run
 
 
 class LoggingSection(Section):

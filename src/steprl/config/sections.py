@@ -280,3 +280,28 @@ class StepRewardSection(Section):
     mode: Literal["advantage", "reward"] = "advantage"
     params: dict[str, Any] = {}
     drift: DriftSection = DriftSection()
+
+
+class RuntimeSection(Section):
+    """Where environments run. The training code is the same for all three backends.
+
+    * `inprocess`: env instances live in the trainer process (the default).
+    * `http`: behind `steprl serve-env` (FastAPI); `env_server_url` names a running server, or
+      when it is unset the trainer starts one on loopback for the run and stops it at the end.
+    * `ray`: env instances live in `env_workers` Ray actors; `rollout_workers` Ray actors run
+      the agent loop with their own engine copy (0 = the agent loop stays in the trainer).
+    """
+
+    backend: Literal["inprocess", "http", "ray"] = "inprocess"
+    env_server_url: str | None = None  # http: e.g. http://127.0.0.1:8765 (token from env_token_var)
+    env_token_var: str = "STEPRL_ENV_TOKEN"  # environment variable that holds the server's token
+    env_workers: int = Field(2, gt=0)  # ray: env worker actors
+    rollout_workers: int = Field(0, ge=0)  # ray: rollout worker actors (0 = in the trainer)
+    max_concurrent_envs: int = Field(256, gt=0)  # EnvPool: live env instances at once
+    env_call_timeout_s: float = Field(30.0, gt=0)  # deadline of one reset/step/close
+    failure_budget: float = Field(0.25, ge=0, le=1)  # max share of infra-failed trajectories per step
+    max_failed_steps: int = Field(3, gt=0)  # consecutive steps over failure_budget stop the run
+    # the learner: 1 = in this process; N > 1 = N FSDP2 ranks on Ray (docs/scaling.md)
+    learner_ranks: int = Field(1, gt=0)
+    learner_placement: Literal["pack", "spread"] = "pack"  # the ranks' Ray placement group
+    learner_timeout_s: float = Field(300.0, gt=0)  # deadline of one call into the ranks

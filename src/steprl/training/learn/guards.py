@@ -22,7 +22,9 @@ def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor
     """Clip and step, unless the loss or a gradient is NaN or Inf (NUM-01): then the step is
     skipped (parameters and optimizer state stay as they were). Returns the pre-clip norm (a
     spike above the clip is clipped as any norm is: NUM-02)."""
-    norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    total = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    # FSDP's sharded gradients give a DTensor: the norm over every rank's shard, the same on all
+    norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
     if math.isfinite(norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

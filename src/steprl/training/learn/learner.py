@@ -198,18 +198,22 @@ class LocalLearner:
         Computed on loss-mask positions only (0 elsewhere): all that the KL, proximal and EMPG
         terms read."""
         model = model or self.model
-        out: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for idx in self._micro_batches(samples, list(range(len(samples)))):
-            chunk = [samples[i] for i in idx]
-            b = collate(chunk, self.pad_id, pack=self.pack).to(self.device)
+        out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        mine, idle = self._my_micro_batches(samples, list(range(len(samples))))
+        for idx in mine:
+            b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
             hidden = batch_hidden(model, b)
             logp, ent = logprobs_at(model, hidden, b.input_ids, b.loss_mask, self.temperature, pred=b.pred)
             trained = b.layout.trained if b.layout is not None else ()
-            out += [
-                (lp * m, e * m)  # 0 off the row's own mask (a shared node may be another row's)
-                for lp, e, m in zip(b.per_sample(logp.cpu()), b.per_sample(ent.cpu()), trained, strict=True)
-            ]
-        return out
+            for i, lp, e, m in zip(
+                idx, b.per_sample(logp.cpu()), b.per_sample(ent.cpu()), trained, strict=True
+            ):
+                out[i] = (lp * m, e * m)  # 0 off the row's own mask (a shared node may be another row's)
+        for _ in range(idle):  # a rank with fewer rows still takes part in every collective
+            b = collate([samples[0]], self.pad_id).to(self.device)
+            batch_hidden(model, b)
+        out = self._gathered(out)
+        return [out[i] for i in range(len(samples))]
 
     def _logprobs(
         self, samples: Sequence[Sample], model: torch.nn.Module | None = None
@@ -249,26 +253,31 @@ class LocalLearner:
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         share = GradShare(self.params) if envs is not None else None
-        first_mismatch: float | None = None
+        mismatch: list[float] = []  # engine vs learner over the first mini-batch, before any update
 
         def backward(mb: list[int]) -> None:
-            nonlocal tokens_seen, first_mismatch
+            nonlocal tokens_seen
             rows = [samples[i] for i in mb]
             n_tokens = float(sum(sum(s.loss_mask) for s in rows))
             n_seqs = float(sum(1 for s in rows if any(s.loss_mask)))
+            first = not mismatch
             for part in by_env(mb, envs):
-                for idx in self._micro_batches(samples, part):
+                mine, idle = self._my_micro_batches(samples, part)
+                for idx in mine:
                     b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
-                    stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs)
-                    if first_mismatch is None:  # engine vs learner, before any update
-                        first_mismatch = stats.pop("mismatch")
-                    stats.pop("mismatch", None)
+                    stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs, self.loss_scale)
+                    gap = stats.pop("mismatch")
+                    mismatch.extend([gap] if first else [])
                     n = float(b.loss_mask.sum())
                     for key, val in stats.items():
                         sums[key] = sums.get(key, 0.0) + val * n
                     tokens_seen += n
+                for _ in range(idle):  # a rank with fewer rows: a pass that adds nothing, in step
+                    b = collate([samples[mb[0]]], self.pad_id).to(self.device)
+                    self._backward(b, [mb[0]], prox, ref, old_values, n_tokens, n_seqs, 0.0)
                 if share is not None and envs is not None:
                     share.add(envs[part[0]])
+            mismatch.extend([0.0] if first and not mismatch else [])
             if share is not None:
                 share.reset()
 
@@ -282,9 +291,10 @@ class LocalLearner:
             generator=generator,
             backward=backward,
         )
+        sums, tokens_seen, gap = self._reduced(sums, tokens_seen, max(mismatch, default=0.0))
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
         metrics |= grad_metrics("actor", grad_norms, self.grad_spike_norm)
-        metrics["actor/engine_logprob_diff_max"] = first_mismatch or 0.0
+        metrics["actor/engine_logprob_diff_max"] = gap
         return metrics | (share.metrics() if share is not None else {})
 
     def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
@@ -313,6 +323,27 @@ class LocalLearner:
             unique += len(row) - shared
         return out
 
+    # ---- what a data-parallel rank (`rank_learner.py`) changes: one process does all rows ----
+
+    #: FSDP averages the ranks' gradients; a rank's loss, over the global denominators, is scaled
+    #: by the number of ranks so the average is the sum one process would take (1 here)
+    loss_scale = 1.0
+
+    def _my_micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> tuple[list[list[int]], int]:
+        """The micro-batches of rows `idx` this process runs, and how many passes without rows
+        it adds to stay in step with the other ranks (one process: all of them, none)."""
+        return (self._micro_batches(samples, idx) if idx else []), 0
+
+    def _gathered(self, out: dict[int, Any]) -> dict[int, Any]:
+        """Every row's result, from the rows each rank computed (one process: its own)."""
+        return out
+
+    def _reduced(
+        self, sums: dict[str, float], tokens: float, gap: float
+    ) -> tuple[dict[str, float], float, float]:
+        """The update's stat sums and token count summed over ranks, the log-prob gap maxed."""
+        return sums, tokens, gap
+
     def _backward(
         self,
         b: Batch,
@@ -322,6 +353,7 @@ class LocalLearner:
         old_values: Sequence[Sequence[float]] | None,
         n_tokens: float,
         n_seqs: float,
+        scale: float = 1.0,
     ) -> dict[str, float]:
         m = b.loss_mask
         # log-probs only where trained, in chunks: no (B, T, V) logits (a shared value head
@@ -360,7 +392,7 @@ class LocalLearner:
             vl = value_loss(v, old_v, b.returns, m, clip=self.reg.value_clip, num_tokens=n_tokens)
             loss = loss + self.reg.vf_coef * vl
             stats["critic/value_loss"] = vl.item() * n_tokens / max(float(m.sum()), 1.0)
-        loss.backward()
+        (loss * scale if scale != 1.0 else loss).backward()
         with torch.no_grad():
             stats.update(
                 {

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
-from steprl.config import Config
+from steprl.config import Config, ConfigError
 from steprl.engines.base import Engine, SamplingParams
 from steprl.engines.hf import CurrentPolicy, HFEngine
 from steprl.envs.base import EnvTimeout
@@ -187,6 +187,7 @@ def build(
     value_head = ValueHead(int(policy.model.config.hidden_size)) if shares_head else None
     pack = _pack_rows(cfg, policy.model, log)
     learner = _make_learner(cfg, policy, ref_model, value_head, pack)
+    cleanup.callback(learner.close)  # a learner group's ranks: no process left behind
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
         engine.update_weights(learner.weights(engine.version), version=engine.version)
     critic = _make_critic(cfg, policy, learner)
@@ -251,8 +252,7 @@ def _make_learner(
 ) -> Learner:
     algo = cfg.algorithm
     loss_spec = POLICY_LOSSES.lookup(algo.policy_loss)
-    return LocalLearner(
-        policy.model,
+    settings: dict[str, Any] = dict(
         policy_loss=functools.partial(loss_spec.fn, **algo.loss_params),
         needs_proximal=loss_spec.needs_proximal,
         aggregation=algo.aggregation,
@@ -277,6 +277,22 @@ def _make_learner(
         device=cfg.model.device,
         grad_spike_norm=cfg.trainer.grad_spike_factor * cfg.trainer.grad_clip,
         pack=pack,
+    )
+    rt = cfg.runtime
+    if rt.learner_ranks == 1:
+        return LocalLearner(policy.model, **settings)
+    if is_peft(policy.model):
+        raise ConfigError(
+            "runtime.learner_ranks > 1 with model.lora is not supported yet; use learner_ranks: 1"
+        )
+    from steprl.training.learn.learner_group import LearnerGroup  # noqa: PLC0415 - Ray, only when asked
+
+    return LearnerGroup(
+        policy.model,
+        settings,
+        ranks=rt.learner_ranks,
+        placement=rt.learner_placement,
+        timeout_s=rt.learner_timeout_s,
     )
 
 

@@ -1,0 +1,276 @@
+"""The learner as a group of processes (`runtime.learner_ranks: N` > 1): N Ray actors, each an
+FSDP2 rank (`rank_learner.py`), placed with a placement group (`runtime.learner_placement`:
+PACK by default, SPREAD to put them on different nodes), joined in one gloo process group.
+
+The trainer stays the single controller: it calls this object through the `Learner` protocol,
+and this object calls every rank with the same arguments and waits, each wait bounded by
+`runtime.learner_timeout_s`. A rank that dies or does not answer stops the run with one line
+naming the rank and what it was doing (`LearnerGroupError`); the group's actors are killed, so
+no process is left behind.
+
+Weights leave the group gathered on rank 0 (the engines' updates, the final model); the
+checkpoint holds the full weights and optimizer state, written as one process writes them.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from torch import nn
+
+from steprl.engines.weights import WeightUpdate
+from steprl.errors import UserError
+from steprl.hosting.ray_backend import ensure_ray
+from steprl.rollout.views import Sample
+from steprl.training.learn import checkpoint as ckpt
+from steprl.training.learn.batching import minibatches
+from steprl.training.learn.learner_protocol import Computed, LearnerLevers
+
+
+class LearnerGroupError(UserError):
+    """A rank died, hung past its deadline, or could not start: one line, the run stops."""
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """A model as its class, config and weights: each rank builds it anew (its constructor runs
+    there; an unpickled transformers model misses what its class registers when it is made)."""
+
+    cls: type[nn.Module]
+    config: Any
+    weights: dict[str, torch.Tensor]
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(model: nn.Module) -> ModelParts:
+        hf: Any = model
+        weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        return ModelParts(type(model), copy.deepcopy(hf.config), weights, next(model.parameters()).dtype)
+
+    def build(self) -> nn.Module:
+        model = self.cls(self.config).to(self.dtype)
+        model.load_state_dict(self.weights)
+        return model.train()
+
+
+class _Rank:
+    """One rank, inside its Ray actor process."""
+
+    def __init__(self) -> None:
+        torch.set_num_threads(1)  # the ranks share the machine's cores: one each
+        self.learner: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the others: this node's address and a free port."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return ray.util.get_node_ip_address(), port
+
+    def start(
+        self,
+        model: ModelParts,
+        settings: dict[str, Any],
+        rank: int,
+        world: int,
+        addr: str,
+        port: int,
+        timeout_s: float,
+    ) -> None:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from steprl.training.learn.rank_learner import RankLearner  # noqa: PLC0415
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{addr}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        self.learner = RankLearner(model.build(), rank=rank, world=world, **settings)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.learner, method)(*args, **kwargs)
+
+
+_RankActor = ray.remote(_Rank)
+
+
+class LearnerGroup:
+    """The `Learner` protocol over N FSDP2 ranks. `model` (CPU) is the policy as it starts: each
+    rank gets a copy and shards it; this process keeps it to write the final model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        settings: dict[str, Any],
+        *,
+        ranks: int,
+        placement: str = "pack",
+        timeout_s: float = 300.0,
+    ) -> None:
+        if settings.get("value_head") is not None:
+            raise LearnerGroupError(
+                "runtime.learner_ranks > 1 with algorithm.critic=shared is not supported yet"
+            )
+        self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
+        self._temperature = float(settings["temperature"])
+        self.actors: list[Any] = []
+        ensure_ray()
+        self.group = placement_group([{"CPU": 1}] * ranks, strategy=placement.upper())
+        try:
+            ray.get(self.group.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.group)
+            raise LearnerGroupError(
+                f"{ranks} learner ranks need {ranks} CPUs in the Ray cluster ({placement.upper()}); "
+                f"none came within {timeout_s:.0f} s (runtime.learner_ranks, runtime.learner_placement)"
+            ) from None
+        self.actors = [
+            _RankActor.options(
+                num_cpus=1,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=r
+                ),
+            ).remote()
+            for r in range(ranks)
+        ]
+        addr, port = self._wait([self.actors[0].address.remote()], "finding rank 0's address")[0]
+        model_ref = ray.put(ModelParts.of(model))
+        self._wait(
+            [
+                a.start.remote(model_ref, settings, r, ranks, addr, port, timeout_s)
+                for r, a in enumerate(self.actors)
+            ],
+            "starting (process group, FSDP shards)",
+        )
+
+    # ---- calls into the group ----------------------------------------------------------
+
+    def _wait(self, refs: list[Any], doing: str) -> list[Any]:
+        """Every rank's answer, or one line naming the first rank that died or did not answer."""
+        pending = list(refs)
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=self.timeout_s)
+        for r, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    self.close()
+                    kind = type(exc).__name__
+                    raise LearnerGroupError(
+                        f"learner rank {r} of {self.ranks} failed while {doing} ({kind}: "
+                        f"{str(exc).strip().splitlines()[-1][:300]})"
+                    ) from None
+        if pending:
+            hung = [r for r, ref in enumerate(refs) if ref in pending]
+            self.close()
+            raise LearnerGroupError(
+                f"learner rank(s) {hung} of {self.ranks} did not finish {doing} within "
+                f"{self.timeout_s:.0f} s (runtime.learner_timeout_s)"
+            )
+        return ray.get(refs)
+
+    def _all(self, doing: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors], doing)
+
+    # ---- the Learner protocol -------------------------------------------------------------
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    def compute(self, rows: Sequence[Sample], **flags: bool) -> Computed:
+        if flags.get("values"):
+            raise LearnerGroupError(
+                "values asked of a learner group (algorithm.critic=shared is not on ranks yet)"
+            )
+        return self._all("computing log-probs", "compute", list(rows), **flags)[0]
+
+    def update(
+        self,
+        rows: Sequence[Sample],
+        *,
+        epochs: int,
+        mini_batches: int,
+        generator: torch.Generator,
+        old_values: Sequence[Sequence[float]] | None = None,
+        envs: Sequence[str] | None = None,
+    ) -> dict[str, float]:
+        if not rows:
+            return {"actor/optimizer_steps": 0.0}
+        state = generator.get_state()
+        stats = self._all(
+            "updating",
+            "update_from",
+            list(rows),
+            state,
+            epochs=epochs,
+            mini_batches=mini_batches,
+            old_values=old_values,
+        )[0]
+        for _ in range(epochs):  # this generator draws what the ranks' copies drew
+            minibatches(len(rows), mini_batches, generator)
+        return stats
+
+    def weights(self, version: int) -> WeightUpdate:
+        return WeightUpdate.of_tensors(self._full(), version)
+
+    def _full(self) -> dict[str, torch.Tensor]:
+        return self._all("gathering the weights", "full_state")[0]
+
+    def apply(self, levers: LearnerLevers) -> None:
+        self._all("setting the levers", "apply", levers)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"ranks": self._all("taking a snapshot", "snapshot")}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        shards = snapshot["ranks"]
+        if len(shards) != self.ranks:
+            raise LearnerGroupError(
+                f"a snapshot of {len(shards)} learner ranks cannot be restored on {self.ranks}"
+            )
+        self._wait(
+            [a.call.remote("restore", s) for a, s in zip(self.actors, shards, strict=True)], "restoring"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._all("gathering the checkpoint", "state_dict")[0]
+
+    def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
+        if state.get("ranks") is None:
+            raise LearnerGroupError(
+                f"{checkpoint} was written by one learner process; resuming it on "
+                f"runtime.learner_ranks={self.ranks} is not supported yet (resume with learner_ranks=1)"
+            )
+        ckpt.load_model_weights(self.model, checkpoint)
+        full = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._all("loading the checkpoint", "load_full", full, state["optimizer"])
+
+    def save_model(self, directory: Path, final: Path) -> None:
+        self.model.load_state_dict(self._full())
+        ckpt.write_model(self.model, directory, final)
+
+    def close(self) -> None:
+        """Kill the ranks and free their placement (twice is fine)."""
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+        if getattr(self, "group", None) is not None:
+            remove_placement_group(self.group)
+            self.group = None
+
+
+__all__ = ["LearnerGroup", "LearnerGroupError"]

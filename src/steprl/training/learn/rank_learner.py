@@ -1,0 +1,169 @@
+"""One rank of the data-parallel learner (`runtime.learner_ranks` > 1; `learner_group.py` drives
+the ranks as one `Learner`).
+
+Each rank holds an FSDP2 shard of the policy (`fully_shard` on every transformer block and on
+the root, over a one-dimensional device mesh: gloo on CPU) and runs `LocalLearner`'s own code
+on its part of the rows, so the step is the one a single process takes:
+
+* every rank gets all of the step's rows and the same shuffle generator, so each draws the
+  same mini-batches; a mini-batch's rows are split across ranks balanced by tokens
+  (`split_by_tokens`), and its loss denominators (tokens, sequences) are the whole
+  mini-batch's, as one process computes them;
+* FSDP averages the ranks' gradients, so a rank's loss is scaled by the number of ranks
+  (`loss_scale`): the average is the sum one process would take;
+* the gradient norm, its clip and the non-finite skip read the norm over every rank's shard
+  (a DTensor: the same on all ranks, so all skip or none do);
+* a rank with fewer micro-batches than another runs passes that add nothing (loss times 0) so
+  every rank takes part in every all-gather and reduce-scatter;
+* the update's logged stats are summed over ranks, its log-prob gap is the max.
+
+The KL reference (no gradient) is replicated, not sharded. Not yet on ranks: LoRA, a shared
+value head (`algorithm.critic: shared`), `grad_share/<env>` (build refuses the first two in one
+line; the last is not logged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from steprl.rollout.views import Sample
+from steprl.training.learn.learner import LocalLearner
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def split_by_tokens(idx: Sequence[int], tokens: Sequence[int], world: int) -> list[list[int]]:
+    """Rows `idx` (with `tokens[k]` tokens for row `idx[k]`) split into `world` parts balanced by
+    tokens: the longest row first, each to the part with the fewest tokens so far (ties: the
+    lower part); each part keeps the rows' order in `idx`. Deterministic: every rank computes
+    every rank's part."""
+    load = [0] * world
+    owner: dict[int, int] = {}
+    for k in sorted(range(len(idx)), key=lambda k: (-tokens[k], k)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[k], load[r] = r, load[r] + tokens[k]
+    return [[i for k, i in enumerate(idx) if owner[k] == r] for r in range(world)]
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, each its own FSDP unit: the classes a Hugging Face model
+    names in `_no_split_modules`, else the modules of its longest `ModuleList`."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [list(m.children()) for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return max(lists, key=len) if lists else []
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class RankLearner(LocalLearner):
+    """`LocalLearner` on this rank's FSDP2 shard and its share of the rows; the process group
+    (`torch.distributed`) is initialised before it is made."""
+
+    def __init__(self, model: nn.Module, *, rank: int, world: int, **settings: Any) -> None:
+        mesh = init_device_mesh(torch.device(settings.get("device", "cpu")).type, (world,))
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        super().__init__(model, **settings)
+        self.rank, self.world = rank, world
+        self.loss_scale = float(world)
+
+    # ---- the data-parallel hooks of LocalLearner -----------------------------------------
+
+    def _my_micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> tuple[list[list[int]], int]:
+        parts = split_by_tokens(idx, [len(samples[i].input_ids) for i in idx], self.world)
+        micro = [self._micro_batches(samples, part) if part else [] for part in parts]
+        return micro[self.rank], max(len(m) for m in micro) - len(micro[self.rank])
+
+    def _gathered(self, out: dict[int, Any]) -> dict[int, Any]:
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, out)
+        return {i: v for part in parts for i, v in part.items()}
+
+    def _reduced(
+        self, sums: dict[str, float], tokens: float, gap: float
+    ) -> tuple[dict[str, float], float, float]:
+        parts: list[Any] = [None] * self.world
+        dist.all_gather_object(parts, (sums, tokens, gap))
+        total: dict[str, float] = {}
+        for part_sums, _, _ in parts:  # rank order: every rank adds in the same order
+            for k, v in part_sums.items():
+                total[k] = total.get(k, 0.0) + v
+        return total, sum(p[1] for p in parts), max(p[2] for p in parts)
+
+    # ---- what the group gathers or scatters ----------------------------------------------
+
+    def update_from(
+        self, samples: Sequence[Sample], generator_state: torch.Tensor, **kw: Any
+    ) -> dict[str, float]:
+        """`update` with the controller's shuffle generator, as it stood."""
+        generator = torch.Generator()
+        generator.set_state(generator_state)
+        return self.update(samples, generator=generator, **kw)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The full weights on rank 0 (CPU), nothing on the others: every rank takes part."""
+        return dict(get_model_state_dict(self.model, options=_FULL))  # type: ignore[arg-type]
+
+    def snapshot(self) -> dict[str, Any]:
+        """This rank's shards of the weights and the optimizer state (plain tensors)."""
+        state = [
+            {k: _local(v).clone() if torch.is_tensor(v) else v for k, v in self.optimizer.state[p].items()}
+            for p in self.params
+        ]
+        return {"params": [_local(p.detach()).clone() for p in self.params], "optimizer": state}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> None:
+        with torch.no_grad():
+            for p, saved in zip(self.params, snapshot["params"], strict=True):
+                _local(p).copy_(saved)
+            for p, saved_state in zip(self.params, snapshot["optimizer"], strict=True):
+                if not saved_state:  # before the first step: Adam starts its moments again
+                    self.optimizer.state.pop(p, None)
+                    continue
+                now = self.optimizer.state[p]
+                for k, v in saved_state.items():
+                    if k in now and torch.is_tensor(v):
+                        _local(now[k]).copy_(v)
+                    elif torch.is_tensor(v) and isinstance(p, DTensor) and v.shape == _local(p).shape:
+                        now[k] = DTensor.from_local(v.clone(), p.device_mesh, p.placements)
+                    else:
+                        now[k] = v.clone() if torch.is_tensor(v) else v
+
+    def state_dict(self) -> dict[str, Any]:
+        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
+        return {"optimizer": optimizer, "value_head": None, "adapters": None, "ranks": self.world}
+
+    def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
+        raise NotImplementedError("the group loads full weights: load_full")
+
+    def load_full(self, weights: Mapping[str, torch.Tensor], optimizer: Mapping[str, Any]) -> None:
+        """Every rank is given the full weights and optimizer state and keeps its shards."""
+        set_model_state_dict(self.model, dict(weights), options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.model, self.optimizer, dict(optimizer), options=StateDictOptions(full_state_dict=True)
+        )
+
+
+__all__ = ["RankLearner", "split_by_tokens", "transformer_blocks"]
