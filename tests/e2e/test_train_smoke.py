@@ -98,18 +98,28 @@ def test_same_seed_gives_identical_metrics_for_first_three_steps(two_runs):
         assert {k: ma[k] for k in keys} == {k: mb[k] for k in keys}
 
 
-def test_two_learner_ranks_train_as_one_process_does(two_runs):
-    """`runtime.learner_ranks=2` (two FSDP2 ranks on Ray, gloo) against the same run in one
-    process: the same sampled tokens every step, every learner metric and the final weights
-    within 1e-5 relative (values below 1e-6 compared absolutely: float noise of a sum)."""
+@pytest.fixture(scope="module")
+def two_ranks(two_runs):
+    """The same run as `two_runs`' on two learner ranks (FSDP2 on Ray, gloo), checkpointed each step."""
     import ray
-    from safetensors.torch import load_file
 
-    tmp, _, one = two_runs
+    tmp, _, _ = two_runs
     try:
-        two = train(_cfg(tmp, "ranks2", ["runtime.learner_ranks=2"]), log=lambda s: None)
+        return train(_cfg(tmp, "ranks2", RANKS2), log=lambda s: None)
     finally:
         ray.shutdown()
+
+
+RANKS2 = ["runtime.learner_ranks=2", "trainer.checkpoint_every=1"]
+
+
+def test_two_learner_ranks_train_as_one_process_does(two_runs, two_ranks):
+    """`runtime.learner_ranks=2` against the same run in one process: the same sampled tokens
+    every step, every learner metric and the final weights within 1e-5 relative (values below
+    1e-6 compared absolutely: float noise of a sum)."""
+    from safetensors.torch import load_file
+
+    one, two = two_runs[2], two_ranks
     a, b = read_trajectories(one.run_dir / "trajectories"), read_trajectories(two.run_dir / "trajectories")
     for column in ("step", "prompt_ids", "action_ids", "observation_ids", "rewards", "advantages"):
         assert a.column(column).to_pylist() == b.column(column).to_pylist(), column
@@ -125,6 +135,67 @@ def test_two_learner_ranks_train_as_one_process_does(two_runs):
     assert set(w1) == set(w2)
     worst = max(float((w2[k] - w1[k]).abs().max() / w1[k].abs().max()) for k in w1)
     assert worst < 1e-5, worst
+
+
+@pytest.mark.soak  # 36 s on 2 cores: `make soak` (make test keeps the ranks' equality test above)
+def test_a_killed_rank_stops_the_run_in_one_line_and_resume_finishes_it_bit_identical(two_runs, two_ranks):
+    """SIGKILL one learner rank during step 2: the run stops within 60 s with one line naming
+    the rank, no rank process is left, and `--resume` ends where the straight run ended."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    import cli_zygote
+    from steprl.config import dump_config
+
+    tmp, _, _ = two_runs
+    cfg_path = tmp / "killed.yaml"
+    cfg_path.write_text(dump_config(_cfg(tmp, "killed", RANKS2)))
+    run_dir = tmp / "runs" / "killed"
+    cmd = [sys.executable, "-c", "from steprl.cli import main; main()", "train", str(cfg_path)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = cli_zygote.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def ranks() -> list[psutil.Process]:
+        return [
+            p for p in psutil.process_iter(["cmdline"]) if "ray::_Rank" in " ".join(p.info["cmdline"] or [])
+        ]
+
+    first = run_dir / "checkpoints" / "step_000001" / "manifest.json"
+    t0 = time.monotonic()
+    while not first.exists():
+        assert proc.poll() is None and time.monotonic() - t0 < 300, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.05)
+    victims = ranks()
+    assert len(victims) == 2, victims
+    victims[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    out, _ = proc.communicate(timeout=120)
+    assert time.monotonic() - killed_at < 60
+    assert proc.returncode != 0
+    lines = [line for line in out.splitlines() if "learner rank" in line]
+    assert len(lines) == 1 and "failed while" in lines[0], out[-2000:]
+    assert not [p for p in victims if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    resumed = cli_zygote.popen(
+        [*cmd, "--resume", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-2000:]
+    straight = {
+        r["step"]: r for r in map(json.loads, (two_ranks.run_dir / "metrics.jsonl").read_text().splitlines())
+    }
+    again = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(again) == sorted(straight)
+    for step, row in straight.items():
+        kept = {k: v for k, v in row.items() if not k.startswith("time/") and "idle" not in k}
+        assert {k: again[step].get(k) for k in kept} == kept, step
+    final = "checkpoints/latest/model.safetensors"
+    assert (run_dir / final).read_bytes() == (two_ranks.run_dir / final).read_bytes()
 
 
 def test_rerun_into_the_same_directory_is_refused_or_cleared_whole(two_runs):

@@ -124,6 +124,9 @@ class LearnerGroup:
             raise LearnerGroupError(
                 "runtime.learner_ranks > 1 with algorithm.critic=shared is not supported yet"
             )
+        # prefix-tree rows run a varying number of forward segments per micro-batch: the ranks'
+        # all-gathers would fall out of step, so the ranks train on plain rows
+        settings = {**settings, "pack": False}
         self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
         self._temperature = float(settings["temperature"])
         self.actors: list[Any] = []

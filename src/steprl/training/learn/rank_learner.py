@@ -17,9 +17,10 @@ on its part of the rows, so the step is the one a single process takes:
   every rank takes part in every all-gather and reduce-scatter;
 * the update's logged stats are summed over ranks, its log-prob gap is the max.
 
-The KL reference (no gradient) is replicated, not sharded. Not yet on ranks: LoRA, a shared
-value head (`algorithm.critic: shared`), `grad_share/<env>` (build refuses the first two in one
-line; the last is not logged).
+The KL reference (no gradient) is replicated, not sharded. Rows are not packed into prefix
+trees on ranks (a tree runs a varying number of forward segments: the ranks' all-gathers would
+fall out of step). Not yet on ranks: LoRA, a shared value head (`algorithm.critic: shared`),
+`grad_share/<env>` (build refuses the first two in one line; the last is not logged).
 """
 
 from __future__ import annotations
