@@ -189,6 +189,21 @@ class LocalLearner:
     def close(self) -> None:
         """Nothing to release in one process."""
 
+    def footprint(self) -> int:
+        """Bytes of the trainable weights, their gradients and the optimizer state held by this
+        process (a rank's: its shards): what sharding divides (`benchmarks/learner_scale.py`)."""
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        total = 0
+        for p in self.params:
+            total += 2 * local(p).numel() * local(p).element_size()  # the weight and its gradient
+            for v in self.optimizer.state[p].values():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    total += local(v).numel() * local(v).element_size()
+        return total
+
     @torch.no_grad()
     def _token_stats(
         self, samples: Sequence[Sample], model: torch.nn.Module | None = None
@@ -263,7 +278,8 @@ class LocalLearner:
             first = not mismatch
             for part in by_env(mb, envs):
                 mine, idle = self._my_micro_batches(samples, part)
-                for idx in mine:
+                for k, idx in enumerate(mine):
+                    self._before_backward(last=k == len(mine) + idle - 1)
                     b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
                     stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs, self.loss_scale)
                     gap = stats.pop("mismatch")
@@ -272,7 +288,8 @@ class LocalLearner:
                     for key, val in stats.items():
                         sums[key] = sums.get(key, 0.0) + val * n
                     tokens_seen += n
-                for _ in range(idle):  # a rank with fewer rows: a pass that adds nothing, in step
+                for k in range(idle):  # a rank with fewer rows: a pass that adds nothing, in step
+                    self._before_backward(last=k == idle - 1)
                     b = collate([samples[mb[0]]], self.pad_id).to(self.device)
                     self._backward(b, [mb[0]], prox, ref, old_values, n_tokens, n_seqs, 0.0)
                 if share is not None and envs is not None:
@@ -333,6 +350,9 @@ class LocalLearner:
         """The micro-batches of rows `idx` this process runs, and how many passes without rows
         it adds to stay in step with the other ranks (one process: all of them, none)."""
         return (self._micro_batches(samples, idx) if idx else []), 0
+
+    def _before_backward(self, *, last: bool) -> None:
+        """Before each backward pass of a mini-batch part; `last`: the part's final one."""
 
     def _gathered(self, out: dict[int, Any]) -> dict[int, Any]:
         """Every row's result, from the rows each rank computed (one process: its own)."""

@@ -97,6 +97,11 @@ class RankLearner(LocalLearner):
         micro = [self._micro_batches(samples, part) if part else [] for part in parts]
         return micro[self.rank], max(len(m) for m in micro) - len(micro[self.rank])
 
+    def _before_backward(self, *, last: bool) -> None:
+        # gradients accumulate unsharded over a part's micro-batches and are reduce-scattered
+        # once, after its last backward: one reduce-scatter per block per mini-batch
+        self.model.set_requires_gradient_sync(last)  # type: ignore[operator]
+
     def _gathered(self, out: dict[int, Any]) -> dict[int, Any]:
         parts: list[Any] = [None] * self.world
         dist.all_gather_object(parts, out)
