@@ -25,6 +25,7 @@ from steprl.config import ConfigError
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
+from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
 from steprl.training.learn.critic import ValueHead, collate_values, value_tensors
 from steprl.training.learn.guards import grad_metrics, guarded_epochs
@@ -149,6 +150,11 @@ class LocalLearner:
         }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
+        if "ranks" in snapshot:
+            raise ConfigError(
+                f"a rollback snapshot of {len(snapshot['ranks'])} learner ranks cannot be restored in one "
+                "process (the run was resumed with another runtime.learner_ranks)"
+            )
         with torch.no_grad():
             for p, saved in zip(self.params, snapshot["params"], strict=True):
                 p.copy_(saved)
@@ -179,7 +185,11 @@ class LocalLearner:
                 params[n].data.copy_(t)
         else:
             ckpt.load_model_weights(self.model, checkpoint)
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizer = state["optimizer"]
+        if state.get("ranks"):  # written by learner ranks (keyed by parameter name): reshard to one
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            optimizer = optimizer_state.by_index(optimizer, names)
+        self.optimizer.load_state_dict(optimizer)
         if self.value_head is not None and state["value_head"] is not None:
             self.value_head.load_state_dict(state["value_head"])
 

@@ -33,6 +33,7 @@ from steprl.errors import UserError
 from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
+from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import minibatches
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
 
@@ -240,10 +241,11 @@ class LearnerGroup:
         return {"ranks": self._all("taking a snapshot", "snapshot")}
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
-        shards = snapshot["ranks"]
+        shards = snapshot.get("ranks", ())
         if len(shards) != self.ranks:
             raise LearnerGroupError(
-                f"a snapshot of {len(shards)} learner ranks cannot be restored on {self.ranks}"
+                f"a rollback snapshot of {len(shards) or 'one'} learner process(es) cannot be restored on "
+                f"{self.ranks} ranks (the run was resumed with another runtime.learner_ranks)"
             )
         self._wait(
             [a.call.remote("restore", s) for a, s in zip(self.actors, shards, strict=True)], "restoring"
@@ -253,14 +255,13 @@ class LearnerGroup:
         return self._all("gathering the checkpoint", "state_dict")[0]
 
     def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
-        if state.get("ranks") is None:
-            raise LearnerGroupError(
-                f"{checkpoint} was written by one learner process; resuming it on "
-                f"runtime.learner_ranks={self.ranks} is not supported yet (resume with learner_ranks=1)"
-            )
+        optimizer = state["optimizer"]
+        if not state.get("ranks"):  # written by one process (keyed by parameter index): reshard
+            names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+            optimizer = optimizer_state.by_name(optimizer, names)
         ckpt.load_model_weights(self.model, checkpoint)
         full = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self._all("loading the checkpoint", "load_full", full, state["optimizer"])
+        self._all("loading the checkpoint", "load_full", full, optimizer)
 
     def save_model(self, directory: Path, final: Path) -> None:
         self.model.load_state_dict(self._full())

@@ -56,6 +56,10 @@ RESUMABLE_CHANGES = frozenset(
         "run.name",
         "trainer.total_steps",
         "logging.progress",
+        # the learner's processes: a checkpoint resumes on any number of ranks (resharded)
+        "runtime.learner_ranks",
+        "runtime.learner_placement",
+        "runtime.learner_timeout_s",
     }
 )
 
