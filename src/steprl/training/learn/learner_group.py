@@ -71,6 +71,9 @@ class _Rank:
         torch.set_num_threads(1)  # the ranks share the machine's cores: one each
         self.learner: Any = None
 
+    def node(self) -> str:
+        return str(ray.get_runtime_context().get_node_id())
+
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the others: this node's address and a free port."""
         with socket.socket() as s:
@@ -158,6 +161,14 @@ class LearnerGroup:
                 for r, a in enumerate(self.actors)
             ],
             "starting (process group, FSDP shards)",
+        )
+        self.nodes: list[str] = self._wait([a.node.remote() for a in self.actors], "naming its node")
+
+    def describe(self) -> str:
+        """One line for the run's log: how many ranks on how many nodes."""
+        return (
+            f"learner: {self.ranks} FSDP2 ranks (gloo) on {len(set(self.nodes))} Ray node(s), "
+            "one CPU and one thread each"
         )
 
     # ---- calls into the group ----------------------------------------------------------

@@ -186,7 +186,7 @@ def build(
     shares_head = algo.critic != "none" and CRITICS[algo.critic].shares_head
     value_head = ValueHead(int(policy.model.config.hidden_size)) if shares_head else None
     pack = _pack_rows(cfg, policy.model, log)
-    learner = _make_learner(cfg, policy, ref_model, value_head, pack)
+    learner = _make_learner(cfg, policy, ref_model, value_head, pack, log)
     cleanup.callback(learner.close)  # a learner group's ranks: no process left behind
     if is_peft(policy.model):  # the engines hold the plain base: merge the (warm-started) adapters in
         engine.update_weights(learner.weights(engine.version), version=engine.version)
@@ -248,7 +248,12 @@ def _reference(cfg: Config, model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def _make_learner(
-    cfg: Config, policy: Policy, ref_model: torch.nn.Module | None, value_head: ValueHead | None, pack: bool
+    cfg: Config,
+    policy: Policy,
+    ref_model: torch.nn.Module | None,
+    value_head: ValueHead | None,
+    pack: bool,
+    log: Callable[[str], None],
 ) -> Learner:
     algo = cfg.algorithm
     loss_spec = POLICY_LOSSES.lookup(algo.policy_loss)
@@ -287,13 +292,15 @@ def _make_learner(
         )
     from steprl.training.learn.learner_group import LearnerGroup  # noqa: PLC0415 - Ray, only when asked
 
-    return LearnerGroup(
+    group = LearnerGroup(
         policy.model,
         settings,
         ranks=rt.learner_ranks,
         placement=rt.learner_placement,
         timeout_s=rt.learner_timeout_s,
     )
+    log(group.describe())
+    return group
 
 
 def _make_critic(cfg: Config, policy: Policy, learner: Learner) -> Critic | None:
