@@ -86,17 +86,21 @@ def main() -> None:
         f"{tokens} trained per update"
     )
 
+    def measure(learner) -> tuple[float, float]:
+        """Median seconds of one update and of one full-weight gather (the first of each: warm-up)."""
+        times, gathers = [], []
+        for k in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            learner.update(data, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(k))
+            times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            learner.weights(k).full()
+            gathers.append(time.perf_counter() - t0)
+        return statistics.median(times[1:]), statistics.median(gathers[1:])
+
     torch.set_num_threads(2)
     one = LocalLearner(copy.deepcopy(model), **settings())
-    times, gathers = [], []
-    for k in range(args.repeats + 1):
-        t0 = time.perf_counter()
-        one.update(data, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(k))
-        times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        one.weights(k).full()
-        gathers.append(time.perf_counter() - t0)
-    one_s, one_g, one_mem = statistics.median(times[1:]), statistics.median(gathers[1:]), one.footprint()
+    (one_s, one_g), one_mem = measure(one), one.footprint()
 
     from steprl.hosting.ray_backend import ensure_ray
     from steprl.training.learn.learner_group import LearnerGroup
@@ -104,16 +108,8 @@ def main() -> None:
     ensure_ray(num_cpus=2)
     group = LearnerGroup(copy.deepcopy(model), settings(), ranks=2, timeout_s=600)
     try:
-        times, gathers = [], []
-        for k in range(args.repeats + 1):
-            t0 = time.perf_counter()
-            group.update(data, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(k))
-            times.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            group.weights(k).full()
-            gathers.append(time.perf_counter() - t0)
-        mems = group._wait([a.call.remote("footprint") for a in group.actors], "measuring memory")
-        two_s, two_g, two_mem = statistics.median(times[1:]), statistics.median(gathers[1:]), max(mems)
+        two_s, two_g = measure(group)
+        two_mem = max(group._wait([a.call.remote("footprint") for a in group.actors], "measuring memory"))
     finally:
         group.close()
 

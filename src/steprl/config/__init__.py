@@ -11,52 +11,7 @@
 What the rest of steprl reads is re-exported here: `from steprl.config import Config, load_config`.
 """
 
-from steprl.config.schema import (
-    AlgorithmSection,
-    Config,
-    ConfigError,
-    CrossPolicySection,
-    CurriculumSection,
-    EnvEntry,
-    EnvSection,
-    LoggingSection,
-    LoraSection,
-    ModelSection,
-    RolloutSection,
-    RunSection,
-    RuntimeSection,
-    Section,
-    SFTSection,
-    StepRewardSection,
-    TaskFileSection,
-    TinySection,
-    TrainerSection,
-    dump_config,
-    load_config,
-    parse_override,
-)
+from steprl.config import schema as _schema
+from steprl.config.schema import *  # noqa: F403 - the names below, one list: schema's __all__
 
-__all__ = [
-    "AlgorithmSection",
-    "Config",
-    "ConfigError",
-    "CrossPolicySection",
-    "CurriculumSection",
-    "EnvEntry",
-    "EnvSection",
-    "LoggingSection",
-    "LoraSection",
-    "ModelSection",
-    "RolloutSection",
-    "RunSection",
-    "RuntimeSection",
-    "SFTSection",
-    "Section",
-    "StepRewardSection",
-    "TaskFileSection",
-    "TinySection",
-    "TrainerSection",
-    "dump_config",
-    "load_config",
-    "parse_override",
-]
+__all__ = list(_schema.__all__)
