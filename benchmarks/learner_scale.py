@@ -70,15 +70,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--model", default="tiny", help="tiny, or gemma-3-270m (full fine-tune, fp32)")
     args = ap.parse_args()
-    tok = tiny.build_tokenizer()
-    spec = tiny.TinyModelSpec(
-        hidden_size=args.hidden, num_layers=args.layers, num_heads=4, intermediate_size=4 * args.hidden
-    )
-    model = tiny.build_model(
-        len(tok), spec, seed=0, pad_id=tok.pad_token_id, bos_id=tok.bos_token_id, eos_id=tok.eos_token_id
-    ).train()
-    data = rows(args.rows, args.length, len(tok))
+    if args.model == "tiny":
+        tok = tiny.build_tokenizer()
+        spec = tiny.TinyModelSpec(
+            hidden_size=args.hidden, num_layers=args.layers, num_heads=4, intermediate_size=4 * args.hidden
+        )
+        model = tiny.build_model(
+            len(tok), spec, seed=0, pad_id=tok.pad_token_id, bos_id=tok.bos_token_id, eos_id=tok.eos_token_id
+        ).train()
+        vocab = len(tok)
+    else:
+        from steprl.models.sources import load_pretrained
+
+        loaded = load_pretrained(
+            args.model, dtype="float32", device="cpu", cache_dir=None, chat_template=None, log=print
+        )
+        model, vocab = loaded.model.train(), min(len(loaded.tokenizer), 32000)  # ids any token may take
+    data = rows(args.rows, args.length, vocab)
     tokens = sum(sum(s.loss_mask) for s in data)
     n_params = sum(p.numel() for p in model.parameters())
     print(

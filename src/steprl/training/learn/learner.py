@@ -28,6 +28,7 @@ from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
 from steprl.training.learn.critic import ValueHead, collate_values, value_tensors
+from steprl.training.learn.grad_share import GradShare, by_env
 from steprl.training.learn.guards import grad_metrics, guarded_epochs
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
 from steprl.training.learn.lora import adapter_update, eval_mode, is_peft
@@ -434,48 +435,6 @@ class LocalLearner:
                 }
             )
         return stats
-
-
-def by_env(idx: list[int], envs: Sequence[str] | None) -> list[list[int]]:
-    """A mini-batch's rows, whole (no `envs`) or one part per env (in order of first row)."""
-    if envs is None:
-        return [idx]
-    parts: dict[str, list[int]] = {}
-    for i in idx:
-        parts.setdefault(envs[i], []).append(i)
-    return list(parts.values())
-
-
-class GradShare:
-    """Each env's share of the gradient, from the env-by-env backward passes of a mini-batch.
-
-    The mini-batch's loss is a sum over rows with the mini-batch's denominators, so its gradient
-    is exactly the sum of each env's part, g = sum_e g_e; what an env's passes add to the
-    accumulated `.grad` is g_e. Over the step, share_e = sum ||g_e||^2 / sum_e' ||g_e'||^2 (the
-    squared norms before clipping, summed over mini-batches and epochs; the shares sum to 1, and
-    leave out the cross terms <g_e, g_e'>). Cost: no extra forward or backward pass; one copy of
-    the gradient and one difference per env per mini-batch (as many micro-batches as before,
-    plus at most one per env where a micro-batch would have held rows of two envs)."""
-
-    def __init__(self, params: Sequence[torch.Tensor]) -> None:
-        self.params = params
-        self.squared: dict[str, float] = {}
-        self._before: list[torch.Tensor] | None = None  # the gradient before this env's passes
-
-    def add(self, env: str) -> None:
-        now = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        before = self._before or [torch.zeros_like(g) for g in now]
-        sq = sum(float((a - b).double().square().sum()) for a, b in zip(now, before, strict=True))
-        self.squared[env] = self.squared.get(env, 0.0) + sq
-        self._before = now
-
-    def reset(self) -> None:
-        """A new mini-batch: its gradient starts from zero."""
-        self._before = None
-
-    def metrics(self) -> dict[str, float]:
-        total = sum(self.squared.values())
-        return {f"grad_share/{e}": v / total if total > 0 else 0.0 for e, v in sorted(self.squared.items())}
 
 
 @contextlib.contextmanager
