@@ -71,6 +71,8 @@ def test_two_ranks_update_as_one_process_does(small_model, advantage_rows):
         for k in s1:
             assert s2[k] == pytest.approx(s1[k], rel=1e-5, abs=1e-7), k
         w1, w2 = one.weights(1).full(), group.weights(1).full()
+        gathered = group._all("gathering", "full_state")[0]  # torch's own full-state gather
+        assert set(w2) == set(gathered) and all(torch.equal(w2[k], gathered[k]) for k in w2)
         assert set(w1) == set(w2)
         worst = max(worst, *(_rel(w2[k], w1[k]) for k in w1))
         print(f"largest relative difference (log-probs, weights after 4 optimizer steps): {worst:.2e}")

@@ -132,6 +132,7 @@ class LearnerGroup:
         # all-gathers would fall out of step, so the ranks train on plain rows
         settings = {**settings, "pack": False}
         self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
+        self.shapes = {k: v.shape for k, v in model.state_dict().items()}  # what joined shards must be
         self._temperature = float(settings["temperature"])
         self.actors: list[Any] = []
         ensure_ray()
@@ -243,7 +244,10 @@ class LearnerGroup:
         return WeightUpdate.of_tensors(self._full(), version)
 
     def _full(self) -> dict[str, torch.Tensor]:
-        return self._all("gathering the weights", "full_state")[0]
+        from steprl.training.learn.rank_learner import join_shards  # noqa: PLC0415 - torch.distributed
+
+        parts = self._all("gathering the weights", "local_state")
+        return join_shards(parts, self.shapes)
 
     def apply(self, levers: LearnerLevers) -> None:
         self._all("setting the levers", "apply", levers)

@@ -62,6 +62,20 @@ def split_by_tokens(idx: Sequence[int], tokens: Sequence[int], world: int) -> li
     return [[i for k, i in enumerate(idx) if owner[k] == r] for r in range(world)]
 
 
+def join_shards(
+    parts: Sequence[Mapping[str, torch.Tensor]], shapes: Mapping[str, torch.Size]
+) -> dict[str, torch.Tensor]:
+    """The full weights from each rank's `local_state`: a tensor whose full shape is its local
+    shape is replicated (rank 0's); any other is the ranks' dim-0 chunks in rank order."""
+    full = {}
+    for name, shape in shapes.items():
+        chunks = [p[name] for p in parts]
+        full[name] = chunks[0] if chunks[0].shape == shape else torch.cat(chunks, dim=0)
+        if full[name].shape != shape:
+            raise ValueError(f"{name}: joined shards are {tuple(full[name].shape)}, not {tuple(shape)}")
+    return full
+
+
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks, each its own FSDP unit: the classes a Hugging Face model
     names in `_no_split_modules`, else the modules of its longest `ModuleList`."""
@@ -132,6 +146,18 @@ class RankLearner(LocalLearner):
         """The full weights on rank 0 (CPU), nothing on the others: every rank takes part."""
         return dict(get_model_state_dict(self.model, options=_FULL))  # type: ignore[arg-type]
 
+    def local_state(self) -> dict[str, torch.Tensor]:
+        """This rank's dim-0 shard of every weight (a replicated tensor whole), on the CPU: the
+        controller joins the ranks' shards (`join_shards`) without a collective. A gloo gather of
+        Gemma-3-270M's weights tensor by tensor took 22 s; this is one message per rank."""
+        out = {}
+        for name, t in self.model.state_dict().items():
+            sharded = isinstance(t, DTensor) and any(p.is_shard() for p in t.placements)
+            if sharded and [p.is_shard(0) for p in t.placements] != [True]:
+                raise ValueError(f"{name}: sharded as {t.placements}; only dim-0 shards are joined")
+            out[name] = _local(t).detach().cpu().clone()
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """This rank's shards of the weights and the optimizer state (plain tensors)."""
         state = [
@@ -172,4 +198,4 @@ class RankLearner(LocalLearner):
         )
 
 
-__all__ = ["RankLearner", "split_by_tokens", "transformer_blocks"]
+__all__ = ["RankLearner", "join_shards", "split_by_tokens", "transformer_blocks"]
