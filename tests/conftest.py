@@ -85,7 +85,6 @@ LONGEST_FIRST = (  # Ray's files (each process starts its own cluster) spaced ap
     "models/test_hub_ids.py",
     "training/test_lora.py",
     "training/test_async_training.py",
-    "e2e/test_train_smoke.py",  # its 2-rank run: Ray and three processes
     "envs/test_synth.py",
     "hosting/test_backends_e2e.py",
     "e2e/test_mcp_sqlite_cli.py",
@@ -95,7 +94,6 @@ LONGEST_FIRST = (  # Ray's files (each process starts its own cluster) spaced ap
     "diagnostics/test_show_cli.py",
     "hosting/test_ray_cross_policy.py",
     "e2e/test_eval_cli.py",
-    "training/test_learner_group.py",
 )
 
 
