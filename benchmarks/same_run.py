@@ -61,6 +61,15 @@ VARIANTS: dict[str, list[str]] = {
         "algorithm.kl_coef=0.05",
         "trainer.mini_batches=2",
     ],
+    # every pass the learner makes over one step's rows: cross-policy ratios, the proximal and
+    # reference passes, two epochs of two mini-batches, packed rows
+    "epochs_cross_policy_loss_kl": [
+        "rollout.cross_policy={snapshots: 3, probs: [0.4, 0.3, 0.3]}",
+        "algorithm.policy_loss=decoupled_ppo",
+        "algorithm.kl_coef=0.05",
+        "trainer.epochs=2",
+        "trainer.mini_batches=2",
+    ],
 }
 
 

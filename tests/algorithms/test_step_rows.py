@@ -29,7 +29,7 @@ def test_reinforce_pp_return_runs_across_the_rows_of_a_trajectory():
     layouts = []
     for to_rows in (lambda t, i: [packed_view(t, i)], per_step_view):
         views = [v for i, t in enumerate(trajs) for v in to_rows(t, i)]
-        x = advantage_inputs(trajs, views, torch.tensor([1.5, 0.0]), pad_id=0, env_ids={})
+        x = advantage_inputs(trajs, views, torch.tensor([1.5, 0.0]), env_ids={})
         out = estimators.reinforce_pp(x, gamma=0.9)
         layouts.append((out.advantages[x.mask != 0], out.returns[x.mask != 0]))
     (packed_adv, packed_ret), (step_adv, step_ret) = layouts
@@ -50,7 +50,7 @@ def _layouts(values: torch.Tensor | None = None):
     trajs = [_trajectory((0.5, 1.0), "g"), _trajectory((0.0, 0.0), "g")]
     for to_rows in (lambda t, i: [packed_view(t, i)], per_step_view):
         views = [v for i, t in enumerate(trajs) for v in to_rows(t, i)]
-        x = advantage_inputs(trajs, views, torch.tensor([1.5, 0.0]), pad_id=0, env_ids={})
+        x = advantage_inputs(trajs, views, torch.tensor([1.5, 0.0]), env_ids={})
         if values is not None:
             x = replace(x, values=x.trajectory_tokens.to_rows(values, tuple(x.mask.shape)))
         yield x

@@ -56,16 +56,21 @@ def test_in_process_training_needs_no_extra(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("backend", "message"),
+    ("override", "message"),
     [
-        ("ray", "runtime.backend=ray needs the ray extra: pip install 'steprl[ray]'"),
-        ("http", "runtime.backend=http needs the serve extra: pip install 'steprl[serve]'"),
+        ("runtime.backend=ray", "runtime.backend=ray needs the ray extra: pip install 'steprl[ray]'"),
+        ("runtime.backend=http", "runtime.backend=http needs the serve extra: pip install 'steprl[serve]'"),
+        (
+            "runtime.learner_ranks=2",
+            "runtime.learner_ranks > 1 needs the ray extra: pip install 'steprl[ray]'",
+        ),
     ],
 )
-def test_a_backend_without_its_extra_is_one_line(tmp_path, backend, message):
-    done = _steprl(*_train_args(tmp_path, f"runtime.backend={backend}"))
+def test_a_feature_without_its_extra_is_one_line_before_any_work(tmp_path, override, message):
+    done = _steprl(*_train_args(tmp_path, override))
     assert done.returncode == 2
     assert (done.stdout + done.stderr).strip().splitlines() == [message]
+    assert not (tmp_path / "c").exists()  # refused before the warm start (its cache) or any work
 
 
 def test_serve_env_without_its_extra_is_one_line(tmp_path):

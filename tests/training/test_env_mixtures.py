@@ -119,7 +119,7 @@ def test_task_normalize_groups_by_env_key_so_a_x10_env_weighs_as_a_x1_one():
         for k in range(2)
     ]
     views = [packed_view(t, i) for i, t in enumerate(trajs)]
-    x = advantage_inputs(trajs, views, torch.tensor([t.outcome_reward for t in trajs]), pad_id=0, env_ids={})
+    x = advantage_inputs(trajs, views, torch.tensor([t.outcome_reward for t in trajs]), env_ids={})
     raw = estimators.dr_grpo(x)
     for normalize, ratio in ((False, 10.0), (True, 1.0)):
         out = postprocess(raw, x, AlgorithmSection(task_normalize=normalize))

@@ -34,7 +34,7 @@ def _grads(learner, rows, micro):
     learner.micro_batch_size = micro
     n_tokens = float(sum(sum(r.loss_mask) for r in rows))
     n_seqs = float(sum(1 for r in rows if any(r.loss_mask)))
-    prox = learner._logprobs(rows) if learner.needs_proximal else None
+    prox = learner._row_stats(rows)["logp"] if learner.needs_proximal else None
     learner.optimizer.zero_grad(set_to_none=True)
     for m0 in range(0, len(rows), micro):
         idx = list(range(m0, min(m0 + micro, len(rows))))

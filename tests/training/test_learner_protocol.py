@@ -28,10 +28,16 @@ def test_the_local_learner_passes_the_protocols_checker(small_model, advantage_r
 
 
 class Counting:
-    """A `Learner` that counts each call and passes it on; only the protocol's names exist."""
+    """A `Learner` that counts each call and passes it on; only the protocol's names exist.
+    `row_sets`: each distinct sequence of rows it was handed (the objects, kept alive)."""
 
     def __init__(self, inner: Learner, calls: Counter[str]) -> None:
         self._inner, self._calls = inner, calls
+        self.row_sets: list[Any] = []
+
+    def _saw(self, rows: Any) -> None:
+        if not any(rows is seen for seen in self.row_sets):
+            self.row_sets.append(rows)
 
     @property
     def temperature(self) -> float:
@@ -39,10 +45,12 @@ class Counting:
 
     def compute(self, rows: Any, **asked: bool) -> Computed:
         self._calls["compute:" + "+".join(sorted(k for k, v in asked.items() if v))] += 1
+        self._saw(rows)
         return self._inner.compute(rows, **asked)
 
     def update(self, rows: Any, **kw: Any) -> dict[str, float]:
         self._calls["update"] += 1
+        self._saw(rows)
         return self._inner.update(rows, **kw)
 
     def weights(self, version: int) -> WeightUpdate:
@@ -114,6 +122,52 @@ def test_a_whole_run_goes_through_the_protocol(tmp_path, monkeypatch: pytest.Mon
     assert calls["state_dict"] == 1 and calls["save_model"] == 1, calls
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all("actor/reward_kl" in m for m in metrics if m["step"] > 0), metrics
+
+
+def test_each_row_is_collated_once_per_set_of_rows_the_learner_is_handed(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pass over a step's rows: make_batch's (entropies, the shared critic's values), the
+    cross-policy ratios, the proximal and reference passes, 2 epochs x 2 mini-batches, the MI
+    probe's rows. The step's rows reach the learner as two sets (the views before advantages,
+    the rows after), and each row of a set becomes tensors once: at most twice per step."""
+    from steprl.training.learn import batching
+    from steprl.training.loop.trainer import train
+    from steprl.training.setup import build
+
+    calls: Counter[str] = Counter()
+    made: list[Counting] = []
+    converted: list[int] = []
+    real = batching.row_tensors
+    monkeypatch.setattr(batching, "row_tensors", lambda s: converted.append(1) or real(s))
+    local = build.LocalLearner
+    monkeypatch.setattr(
+        build, "LocalLearner", lambda *a, **k: made.append(Counting(local(*a, **k), calls)) or made[-1]
+    )
+    sets = [
+        *TINY_SCRATCH,
+        f"run.output_dir={tmp_path}",
+        "trainer.total_steps=2",
+        "trainer.epochs=2",
+        "trainer.mini_batches=2",
+        "trainer.micro_batch_size=1",
+        "algorithm.policy_loss=decoupled_ppo",
+        "algorithm.kl_coef=0.05",
+        "algorithm.critic=shared",
+        "algorithm.advantage=gae",
+        "algorithm.advantage_params={gamma: 1.0, lam: 1.0}",
+        "algorithm.empg={k: 1.0, k_f: 1.0, zeta: 0.1}",
+        "rollout.cross_policy={snapshots: 2, probs: [0.5, 0.5]}",
+        "health.mi_every=1",
+        "logging.tensorboard=false",
+    ]
+    train(load_config("configs/calculator_tiny.yaml", sets), log=lambda _: None)
+    (learner,) = made
+    assert calls["update"] == 2 and calls["compute:values"] == 2 and calls["compute:entropies"] == 2, calls
+    assert calls["compute:logprobs"] >= 2, calls  # the ratios by lag (and the MI probe's)
+    assert sum(converted) == sum(len(rows) for rows in learner.row_sets), (len(converted), learner.row_sets)
+    # per step: the views, the rows; the MI probe's own rows when its groups allow
+    assert 4 <= len(learner.row_sets) <= 6, [len(r) for r in learner.row_sets]
 
 
 def test_a_checkpoint_of_the_old_layout_resumes_as_the_new_one(tmp_path) -> None:

@@ -102,7 +102,7 @@ def test_a_trained_token_is_never_shared_by_two_rows():
     trees, _ = pack([s, s])
     (tree,) = trees
     assert tree.ids == [1, 5, 6, 7, 6, 7]  # the prompt once, each row's action its own branch
-    assert sum(tree.mask) == 4
+    assert sum(tree.trained) == 4
 
 
 def test_learner_update_is_the_same_packed_or_not(tokenizer, small_model, sample_rollouts, monkeypatch):
@@ -139,11 +139,11 @@ def test_one_optimizer_step_needs_no_proximal_pass(tokenizer, small_model, sampl
             copy.deepcopy(small_model).train(), tokenizer.pad_token_id, "decoupled_ppo", pack=True, lr=1e-3
         )
 
-        def counted(*a, real=learner._logprobs, n=mini_batches, **k):
+        def counted(*a, real=learner._row_stats, n=mini_batches, **k):
             calls.append(n)
             return real(*a, **k)
 
-        monkeypatch.setattr(learner, "_logprobs", counted)
+        monkeypatch.setattr(learner, "_row_stats", counted)
         stats = learner.update(samples, epochs=1, mini_batches=mini_batches, generator=torch.Generator())
         assert torch.isfinite(torch.tensor(stats["actor/pg_loss"]))
     # one step: the proximal policy is the step's own weights (its log-probs, detached); two

@@ -40,10 +40,21 @@ def check_host(cfg: Config, *, device: bool = True, output_dir: bool = True) -> 
         check_tiny_size(cfg.model)
     if output_dir:
         check_output_dir(cfg.run.output_dir, cfg.run.name)
-    if cfg.logging.wandb is not None:  # before any work: not after the warm start has trained
-        from steprl.extras import require_extra
+    # each missing extra: one line before any work, not after the warm start has trained
+    from steprl.extras import require_extra
 
+    if cfg.logging.wandb is not None:
         require_extra("wandb", feature="logging.wandb")
+    if cfg.runtime.backend in _BACKEND_EXTRAS:
+        require_extra(_BACKEND_EXTRAS[cfg.runtime.backend], feature=f"runtime.backend={cfg.runtime.backend}")
+    if cfg.runtime.learner_ranks > 1:
+        require_extra("ray", feature="runtime.learner_ranks > 1")
+    if cfg.runtime.rollout_workers > 0:
+        require_extra("ray", feature="runtime.rollout_workers > 0")
+
+
+#: The extra each non-default env backend needs (`hosting/backend.py` BACKENDS imports them on use).
+_BACKEND_EXTRAS = {"http": "serve", "ray": "ray"}
 
 
 def _allowed_devices(n_cuda: int, mps: bool) -> str:

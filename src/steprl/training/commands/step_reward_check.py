@@ -54,9 +54,7 @@ def sample_data(model: nn.Module, tokenizer: Any, *, tasks: int = 3, group_size:
     )
     views = tuple(packed_view(t, i) for i, t in enumerate(trajs))
     rewards = torch.tensor([t.outcome_reward for t in trajs])
-    return StepData(
-        advantage_inputs(trajs, views, rewards, pad_id=pad, env_ids={"gridwalk": 0}), views, trajs
-    )
+    return StepData(advantage_inputs(trajs, views, rewards, env_ids={"gridwalk": 0}), views, trajs)
 
 
 def check_kind(kind: str) -> None:

@@ -82,9 +82,62 @@ class Batch:
         return out
 
 
-def _fill(dst: torch.Tensor, i: int, values: Sequence[float]) -> None:
-    if values:
-        dst[i, : len(values)] = torch.tensor(values, dtype=dst.dtype)
+@dataclass(frozen=True)
+class RowTensors:
+    """One row's tensors: input ids (L,) and its target-aligned fields (L-1,), float32."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    old: torch.Tensor
+    adv: torch.Tensor
+    ret: torch.Tensor
+
+
+def row_tensors(s: Sample) -> RowTensors:
+    """A row's token lists as tensors: the one conversion a row goes through (`Collator`)."""
+    width = len(s.input_ids) - 1
+
+    def field(values: Sequence[float]) -> torch.Tensor:
+        return torch.tensor(targets(values), dtype=torch.float32) if values else torch.zeros(width)
+
+    return RowTensors(
+        torch.tensor(s.input_ids, dtype=torch.long),
+        field(s.loss_mask),
+        field(s.old_logprobs),
+        field(s.advantages),
+        field(s.returns),
+    )
+
+
+class Collator:
+    """A set of rows, each turned into tensors once (`row_tensors`, on the first micro-batch that
+    holds it); every micro-batch is then padded (or packed) from those tensors. A learner keeps
+    one per set of rows, so all its passes over a step's rows (policy, reference and values; the
+    proximal pass and every epoch's backward) collate each row once (`converted` counts them)."""
+
+    def __init__(self, samples: Sequence[Sample], pad_id: int) -> None:
+        self.samples = tuple(samples)
+        self.pad_id = pad_id
+        self.converted = 0
+        self._rows: dict[int, RowTensors] = {}
+
+    def holds(self, samples: Sequence[Sample]) -> bool:
+        """Whether `samples` are this collator's rows: the same objects in the same order (the
+        rows are frozen, so their tensors stay valid)."""
+        return len(samples) == len(self.samples) and all(
+            a is b for a, b in zip(samples, self.samples, strict=True)
+        )
+
+    def row(self, i: int) -> RowTensors:
+        if i not in self._rows:
+            self._rows[i] = row_tensors(self.samples[i])
+            self.converted += 1
+        return self._rows[i]
+
+    def __call__(self, idx: Sequence[int], *, pack: bool = False) -> Batch:
+        rows = [self.row(i) for i in idx]
+        packed = _packed([self.samples[i] for i in idx], rows, self.pad_id) if pack else None
+        return packed or _padded(rows, self.pad_id)
 
 
 def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Batch:
@@ -93,26 +146,27 @@ def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Ba
     `pack`: merge rows that share a prefix into prefix trees (`training/learn/packing.py`), each a row
     of the batch with a (T, T) ancestor mask; the targets are the same, computed once per node.
     """
-    if pack:
-        return _collate_trees(samples, pad_id)
-    width = max(len(s.input_ids) for s in samples)
-    bsz = len(samples)
+    return Collator(samples, pad_id)(range(len(samples)), pack=pack)
+
+
+def _padded(rows: Sequence[RowTensors], pad_id: int) -> Batch:
+    width = max(r.ids.numel() for r in rows)
+    bsz = len(rows)
     ids = torch.full((bsz, width), pad_id, dtype=torch.long)
     attn = torch.zeros((bsz, width), dtype=torch.long)
     # the batch's per-token tensors are target-aligned (column t: the prediction of token t+1)
     per_token = {k: torch.zeros((bsz, width - 1)) for k in ("mask", "old", "adv", "ret")}
-    for i, s in enumerate(samples):
-        ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
-        attn[i, : len(s.input_ids)] = 1
-        _fill(per_token["mask"], i, targets(s.loss_mask))
-        _fill(per_token["old"], i, targets(s.old_logprobs))
-        _fill(per_token["adv"], i, targets(s.advantages))
-        _fill(per_token["ret"], i, targets(s.returns))
+    for i, r in enumerate(rows):
+        n = r.ids.numel()
+        ids[i, :n] = r.ids
+        attn[i, :n] = 1
+        for k, t in per_token.items():
+            t[i, : n - 1] = getattr(r, k)
     mask = per_token["mask"]
     layout = Layout(
-        tuple(torch.full((len(s.input_ids) - 1,), i) for i, s in enumerate(samples)),
-        tuple(torch.arange(len(s.input_ids) - 1) for s in samples),
-        tuple(torch.tensor(targets(s.loss_mask), dtype=torch.float32) for s in samples),
+        tuple(torch.full((r.ids.numel() - 1,), i) for i, r in enumerate(rows)),
+        tuple(torch.arange(r.ids.numel() - 1) for r in rows),
+        tuple(r.mask for r in rows),
     )
     return Batch(ids, attn, mask, per_token["old"], per_token["adv"] * mask, per_token["ret"], layout=layout)
 
@@ -122,18 +176,21 @@ def collate(samples: Sequence[Sample], pad_id: int, *, pack: bool = False) -> Ba
 PACK_WHEN_NODES_BELOW = 0.8
 
 
-def _collate_trees(samples: Sequence[Sample], pad_id: int) -> Batch:
+def _packed(samples: Sequence[Sample], rows: Sequence[RowTensors], pad_id: int) -> Batch | None:
+    """The rows as prefix trees, or None when packing would save too little (then: padded)."""
     trees, where = pack(samples)
-    if sum(len(t.ids) for t in trees) > PACK_WHEN_NODES_BELOW * sum(len(s.input_ids) for s in samples):
-        return collate(samples, pad_id)
-    ids, valid, pred, f = tree_tensors(trees, pad_id)
-    rows, cols = [], []
-    for b, r in where:
-        nodes = torch.tensor(trees[b].nodes[r][1:]) - 1  # target t of the row is node t+1's column
-        rows.append(torch.full(nodes.shape, b))
-        cols.append(nodes)
-    trained = tuple(torch.tensor(targets(s.loss_mask), dtype=torch.float32) for s in samples)
-    layout = Layout(tuple(rows), tuple(cols), trained)
+    if sum(len(t.ids) for t in trees) > PACK_WHEN_NODES_BELOW * sum(r.ids.numel() for r in rows):
+        return None
+    in_tree: list[list[RowTensors]] = [[] for _ in trees]
+    for (b, _), r in zip(where, rows, strict=True):
+        in_tree[b].append(r)  # `pack` adds each tree's rows in the samples' order
+    ids, valid, pred, f = tree_tensors(trees, in_tree, pad_id)
+    cols = [torch.tensor(trees[b].nodes[r][1:]) - 1 for b, r in where]  # target t: node t+1's column
+    layout = Layout(
+        tuple(torch.full(c.shape, b) for (b, _), c in zip(where, cols, strict=True)),
+        tuple(cols),
+        tuple(r.mask for r in rows),
+    )
     mask = f["mask"]
     return Batch(ids, valid, mask, f["old"], f["adv"] * mask, f["ret"], pred, layout, tuple(trees))
 

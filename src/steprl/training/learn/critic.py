@@ -20,7 +20,7 @@ from torch import nn
 from steprl.algorithms.losses import value_loss
 from steprl.registry import Registry, instance_of
 from steprl.rollout.views import Sample
-from steprl.training.learn.batching import collate, device_of
+from steprl.training.learn.batching import Collator, collate, device_of
 from steprl.training.learn.guards import grad_metrics, guarded_epochs
 from steprl.training.learn.learner_protocol import Learner
 
@@ -148,13 +148,14 @@ class SeparateCritic:
     ) -> dict[str, float]:
         """Clipped value regression onto `Sample.returns` (token-mean over action tokens)."""
         losses: list[float] = []
+        collated = Collator(samples, self.pad_id)  # each row collated once for all epochs
 
         def backward(mb: list[int]) -> None:
             n_tokens = float(sum(sum(samples[i].loss_mask) for i in mb))
             total = 0.0
             for m0 in range(0, len(mb), self.micro_batch_size):
                 idx = mb[m0 : m0 + self.micro_batch_size]
-                b = collate([samples[i] for i in idx], self.pad_id).to(self.head.proj.weight.device)
+                b = collated(idx).to(self.head.proj.weight.device)
                 old = collate_values([old_values[i] for i in idx], b.loss_mask.shape).to(b.input_ids.device)
                 v = values_of(self.model, self.head, b.input_ids, b.attention)
                 loss = value_loss(v, old, b.returns, b.loss_mask, clip=self.value_clip, num_tokens=n_tokens)

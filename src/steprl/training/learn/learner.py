@@ -26,8 +26,8 @@ from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
-from steprl.training.learn.batching import Batch, batch_hidden, collate, logprobs_at, minibatches
-from steprl.training.learn.critic import ValueHead, collate_values, value_tensors
+from steprl.training.learn.batching import Batch, Collator, batch_hidden, logprobs_at, minibatches
+from steprl.training.learn.critic import ValueHead, collate_values
 from steprl.training.learn.grad_share import GradShare, by_env
 from steprl.training.learn.guards import grad_metrics, guarded_epochs
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
@@ -86,6 +86,7 @@ class LocalLearner:
             raise ValueError("packed rows carry no per-row values: pack=False with a shared value head")
         self.pack = pack  # rows sharing a prefix are computed once (training/learn/packing.py)
         self._prox_is_current = False
+        self._collator: Collator | None = None
         self.pad_id = pad_id
         self.temperature = temperature
         self.reg = regularizers
@@ -121,18 +122,12 @@ class LocalLearner:
         if values and self.value_head is None:
             raise ValueError("values asked of a learner with no value head (algorithm.critic: shared)")
         with _probe_mode(self.model, self.device) if eval_mode else _nothing():
-            stats = self._token_stats(rows) if logprobs or entropies else None
-            ref = self._token_stats(rows, self.ref_model) if ref_logprobs else None
-            v = (
-                value_tensors(self.model, self.value_head, rows, self.pad_id, self.micro_batch_size)
-                if values and self.value_head is not None
-                else None
-            )
+            got = self._row_stats(rows, policy=logprobs or entropies, ref=ref_logprobs, values=values)
         return Computed(
-            logprobs=tuple(lp for lp, _ in stats) if stats is not None and logprobs else None,
-            ref_logprobs=tuple(lp for lp, _ in ref) if ref is not None else None,
-            entropies=tuple(e for _, e in stats) if stats is not None and entropies else None,
-            values=tuple(v) if v is not None else None,
+            logprobs=got.get("logp") if logprobs else None,
+            ref_logprobs=got.get("ref"),
+            entropies=got.get("ent") if entropies else None,
+            values=got.get("values"),
         )
 
     def apply(self, levers: LearnerLevers) -> None:
@@ -215,36 +210,54 @@ class LocalLearner:
                     total += local(v).numel() * local(v).element_size()
         return total
 
-    @torch.no_grad()
-    def _token_stats(
-        self, samples: Sequence[Sample], model: torch.nn.Module | None = None
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per-sample (len-1,) target-aligned (log-probs, entropies) under `model` (default: policy).
+    def _collated(self, samples: Sequence[Sample]) -> Collator:
+        """The `Collator` of this set of rows (the last call's when the rows are the same objects),
+        so every pass over a step's rows collates each row once."""
+        if self._collator is None or not self._collator.holds(samples):
+            self._collator = Collator(samples, self.pad_id)
+        return self._collator
 
-        Computed on loss-mask positions only (0 elsewhere): all that the KL, proximal and EMPG
-        terms read."""
-        model = model or self.model
-        out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    @torch.no_grad()
+    def _row_stats(
+        self, samples: Sequence[Sample], *, policy: bool = True, ref: bool = False, values: bool = False
+    ) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Per-sample (len-1,) target-aligned tensors, from one pass over each micro-batch:
+        `logp` and `ent` under the policy and `ref` under the reference (on loss-mask positions
+        only, 0 elsewhere: all that the KL, proximal and EMPG terms read), `values` from the
+        shared value head on the policy's hidden states."""
+        collated = self._collated(samples)
+        out: dict[int, dict[str, torch.Tensor]] = {}
         mine, idle = self._my_micro_batches(samples, list(range(len(samples))))
         for idx in mine:
-            b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
-            hidden = batch_hidden(model, b)
-            logp, ent = logprobs_at(model, hidden, b.input_ids, b.loss_mask, self.temperature, pred=b.pred)
+            b = collated(idx, pack=self.pack).to(self.device)
             trained = b.layout.trained if b.layout is not None else ()
-            for i, lp, e, m in zip(
-                idx, b.per_sample(logp.cpu()), b.per_sample(ent.cpu()), trained, strict=True
-            ):
-                out[i] = (lp * m, e * m)  # 0 off the row's own mask (a shared node may be another row's)
+            got: dict[str, list[torch.Tensor]] = {}
+            if policy or values:
+                hidden = batch_hidden(self.model, b)
+                if policy:
+                    logp, ent = logprobs_at(
+                        self.model, hidden, b.input_ids, b.loss_mask, self.temperature, pred=b.pred
+                    )
+                    # 0 off the row's own mask (a shared node may be another row's)
+                    got["logp"] = [lp * m for lp, m in zip(b.per_sample(logp.cpu()), trained, strict=True)]
+                    got["ent"] = [e * m for e, m in zip(b.per_sample(ent.cpu()), trained, strict=True)]
+                if values and self.value_head is not None:
+                    got["values"] = b.per_sample(self.value_head(hidden)[:, :-1].cpu())
+            if ref and self.ref_model is not None:
+                hidden = batch_hidden(self.ref_model, b)
+                logp, _ = logprobs_at(
+                    self.ref_model, hidden, b.input_ids, b.loss_mask, self.temperature, pred=b.pred
+                )
+                got["ref"] = [lp * m for lp, m in zip(b.per_sample(logp.cpu()), trained, strict=True)]
+            for k, i in enumerate(idx):
+                out[i] = {name: rows[k] for name, rows in got.items()}
         for _ in range(idle):  # a rank with fewer rows still takes part in every collective
-            b = collate([samples[0]], self.pad_id).to(self.device)
-            batch_hidden(model, b)
+            b = collated([0]).to(self.device)
+            for model in ([self.model] if policy or values else []) + ([self.ref_model] if ref else []):
+                batch_hidden(model, b) if model is not None else None
         out = self._gathered(out)
-        return [out[i] for i in range(len(samples))]
-
-    def _logprobs(
-        self, samples: Sequence[Sample], model: torch.nn.Module | None = None
-    ) -> list[torch.Tensor]:
-        return [lp for lp, _ in self._token_stats(samples, model)]
+        names = out[0].keys() if out else ()
+        return {name: tuple(out[i][name] for i in range(len(samples))) for name in names}
 
     def update(
         self,
@@ -271,11 +284,13 @@ class LocalLearner:
         # With one optimizer step per batch those are the weights of the one backward pass: its
         # own log-probs, detached, so no extra forward pass is needed.
         one_step = epochs == 1 and len(minibatches(len(samples), mini_batches, torch.Generator())) == 1
-        prox = self._logprobs(samples) if self.needs_proximal and not one_step else None
+        wants_prox = self.needs_proximal and not one_step
         self._prox_is_current = self.needs_proximal and one_step
         # the reference pass only when the KL is in the loss (in the reward: make_batch asked)
         in_loss = self.ref_model is not None and self.reg.kl_coef != 0.0
-        ref = self._logprobs(samples, self.ref_model) if in_loss else None
+        before = self._row_stats(samples, policy=wants_prox, ref=in_loss) if wants_prox or in_loss else {}
+        prox, ref = before.get("logp"), before.get("ref")
+        collated = self._collated(samples)
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         share = GradShare(self.params) if envs is not None else None
@@ -291,7 +306,7 @@ class LocalLearner:
                 mine, idle = self._my_micro_batches(samples, part)
                 for k, idx in enumerate(mine):
                     self._before_backward(last=k == len(mine) + idle - 1)
-                    b = collate([samples[i] for i in idx], self.pad_id, pack=self.pack).to(self.device)
+                    b = collated(idx, pack=self.pack).to(self.device)
                     stats = self._backward(b, idx, prox, ref, old_values, n_tokens, n_seqs, self.loss_scale)
                     gap = stats.pop("mismatch")
                     mismatch.extend([gap] if first else [])
@@ -301,7 +316,7 @@ class LocalLearner:
                     tokens_seen += n
                 for k in range(idle):  # a rank with fewer rows: a pass that adds nothing, in step
                     self._before_backward(last=k == idle - 1)
-                    b = collate([samples[mb[0]]], self.pad_id).to(self.device)
+                    b = collated([mb[0]]).to(self.device)
                     self._backward(b, [mb[0]], prox, ref, old_values, n_tokens, n_seqs, 0.0)
                 if share is not None and envs is not None:
                     share.add(envs[part[0]])
@@ -379,8 +394,8 @@ class LocalLearner:
         self,
         b: Batch,
         idx: list[int],
-        prox: list[torch.Tensor] | None,
-        ref: list[torch.Tensor] | None,
+        prox: Sequence[torch.Tensor] | None,
+        ref: Sequence[torch.Tensor] | None,
         old_values: Sequence[Sequence[float]] | None,
         n_tokens: float,
         n_seqs: float,

@@ -70,6 +70,7 @@ class _Rank:
     def __init__(self) -> None:
         torch.set_num_threads(1)  # the ranks share the machine's cores: one each
         self.learner: Any = None
+        self.rows: tuple[int, list[Sample]] | None = None  # the set of rows last sent, its key
 
     def node(self) -> str:
         return str(ray.get_runtime_context().get_node_id())
@@ -107,6 +108,18 @@ class _Rank:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.learner, method)(*args, **kwargs)
 
+    def call_on_rows(
+        self, method: str, key: int, rows: list[Sample] | None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """`method(rows, ...)` on the set of rows `key`: sent once (`rows`), then held (None), so
+        a step's passes over the same set reach the learner as the same object and each row is
+        collated once (`Collator`), not once per call."""
+        if rows is not None:
+            self.rows = (key, rows)
+        if self.rows is None or self.rows[0] != key:
+            raise RuntimeError(f"rank holds no row set {key}: the controller sends each set before using it")
+        return getattr(self.learner, method)(self.rows[1], *args, **kwargs)
+
 
 _RankActor = ray.remote(_Rank)
 
@@ -135,6 +148,7 @@ class LearnerGroup:
         self.shapes = {k: v.shape for k, v in model.state_dict().items()}  # what joined shards must be
         self._temperature = float(settings["temperature"])
         self.actors: list[Any] = []
+        self._sent: tuple[int, Sequence[Sample]] | None = None  # the last set of rows sent, its key
         ensure_ray()
         self.group = placement_group([{"CPU": 1}] * ranks, strategy=placement.upper())
         try:
@@ -201,6 +215,19 @@ class LearnerGroup:
     def _all(self, doing: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self._wait([a.call.remote(method, *args, **kwargs) for a in self.actors], doing)
 
+    def _on_rows(
+        self, doing: str, method: str, rows: Sequence[Sample], *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """`_all` with the rows first: a set already sent (the same object as the last call's) is
+        named by its key instead of travelling again; a new one is put in the object store once."""
+        if self._sent is not None and self._sent[1] is rows:
+            key, ref = self._sent[0], None
+        else:
+            key, ref = (self._sent[0] + 1 if self._sent else 0), ray.put(list(rows))
+            self._sent = (key, rows)
+        calls = [a.call_on_rows.remote(method, key, ref, *args, **kwargs) for a in self.actors]
+        return self._wait(calls, doing)
+
     # ---- the Learner protocol -------------------------------------------------------------
 
     @property
@@ -212,7 +239,7 @@ class LearnerGroup:
             raise LearnerGroupError(
                 "values asked of a learner group (algorithm.critic=shared is not on ranks yet)"
             )
-        return self._all("computing log-probs", "compute", list(rows), **flags)[0]
+        return self._on_rows("computing log-probs", "compute", rows, **flags)[0]
 
     def update(
         self,
@@ -227,10 +254,10 @@ class LearnerGroup:
         if not rows:
             return {"actor/optimizer_steps": 0.0}
         state = generator.get_state()
-        stats = self._all(
+        stats = self._on_rows(
             "updating",
             "update_from",
-            list(rows),
+            rows,
             state,
             epochs=epochs,
             mini_batches=mini_batches,

@@ -23,10 +23,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from steprl.rollout.views import Sample
+
+
+class RowFields(Protocol):
+    """A row's target-aligned tensors (`batching.RowTensors`), (len-1,) each."""
+
+    @property
+    def mask(self) -> torch.Tensor: ...
+    @property
+    def old(self) -> torch.Tensor: ...
+    @property
+    def adv(self) -> torch.Tensor: ...
+    @property
+    def ret(self) -> torch.Tensor: ...
+
 
 #: Rows merged into one tree share their first this-many prompt tokens (the task's). Rows that
 #: share fewer are packed apart: merging them would save little and grow the mask.
@@ -37,16 +52,13 @@ MAX_TREE_NODES = 4096
 
 @dataclass
 class Tree:
-    """One packed sequence. `parent[i] < i` (-1 for a root); per-node target data is that of the
-    row whose sampled token the node is (0 elsewhere)."""
+    """One packed sequence: its structure. `parent[i] < i` (-1 for a root); `trained[i]`: the
+    node is the sampled token of one of its rows, whose target data (`tree_tensors`) it carries."""
 
     ids: list[int] = field(default_factory=list)
     parent: list[int] = field(default_factory=list)
     depth: list[int] = field(default_factory=list)
-    mask: list[float] = field(default_factory=list)
-    old: list[float] = field(default_factory=list)
-    adv: list[float] = field(default_factory=list)
-    ret: list[float] = field(default_factory=list)
+    trained: list[bool] = field(default_factory=list)
     children: list[dict[int, list[int]]] = field(default_factory=list)  # token -> nodes
     roots: dict[int, list[int]] = field(default_factory=dict)
     #: for each row packed here: the node of each of its tokens
@@ -56,10 +68,7 @@ class Tree:
         self.ids.append(token)
         self.parent.append(parent)
         self.depth.append(self.depth[parent] + 1 if parent >= 0 else 0)
-        self.mask.append(0.0)
-        self.old.append(0.0)
-        self.adv.append(0.0)
-        self.ret.append(0.0)
+        self.trained.append(False)
         self.children.append({})
         return len(self.ids) - 1
 
@@ -69,15 +78,11 @@ class Tree:
         for t, token in enumerate(s.input_ids):
             trained = bool(s.loss_mask[t]) if t < len(s.loss_mask) else False
             siblings = self.children[here] if here >= 0 else self.roots
-            node = next((c for c in siblings.get(token, []) if not (trained and self.mask[c])), None)
+            node = next((c for c in siblings.get(token, []) if not (trained and self.trained[c])), None)
             if node is None:
                 node = self._new(token, here)
                 siblings.setdefault(token, []).append(node)
-            if trained:
-                self.mask[node] = 1.0
-                self.old[node] = s.old_logprobs[t]
-                self.adv[node] = s.advantages[t] if s.advantages else 0.0
-                self.ret[node] = s.returns[t] if s.returns else 0.0
+            self.trained[node] = self.trained[node] or trained
             path.append(node)
             here = node
         self.nodes.append(path)
@@ -108,10 +113,13 @@ def pack(samples: Sequence[Sample]) -> tuple[list[Tree], list[tuple[int, int]]]:
 
 
 def tree_tensors(
-    trees: Sequence[Tree], pad_id: int
+    trees: Sequence[Tree], rows: Sequence[Sequence[RowFields]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """(input_ids (B, T), node validity (B, T), pred (B, T-1), per-target fields (B, T-1): mask,
-    old, adv, ret). Target t is node t+1, predicted from the hidden state of node pred[t]."""
+    old, adv, ret). Target t is node t+1, predicted from the hidden state of node pred[t].
+
+    `rows[b]`: the target-aligned fields of tree b's rows, in the order they were added: each
+    trained token's values go to its node (a node is trained by at most one row)."""
     width = max(len(t.ids) for t in trees)
     bsz = len(trees)
     ids = torch.full((bsz, width), pad_id, dtype=torch.long)
@@ -123,11 +131,12 @@ def tree_tensors(
         ids[b, :n] = torch.tensor(t.ids)
         valid[b, :n] = 1
         pred[b, :n] = torch.tensor(t.parent).clamp(min=0)
-        for k, vals in (("mask", t.mask), ("old", t.old), ("adv", t.adv), ("ret", t.ret)):
-            fields[k][b, :n] = torch.tensor(vals)
-        roots = [i for i, p in enumerate(t.parent) if p < 0]
-        fields["mask"][b, roots] = 0.0  # a root is never a target: nothing predicts it
+        for path, row in zip(t.nodes, rows[b], strict=True):
+            on = row.mask > 0  # target t of the row is its token t+1: node path[t+1], never a root
+            nodes = torch.tensor(path[1:], dtype=torch.long)[on]
+            for k in fields:
+                fields[k][b, nodes] = getattr(row, k)[on]
     return ids, valid, pred[:, 1:], {k: v[:, 1:] for k, v in fields.items()}
 
 
-__all__ = ["BUCKET_PREFIX", "MAX_TREE_NODES", "Tree", "pack", "tree_tensors"]
+__all__ = ["BUCKET_PREFIX", "MAX_TREE_NODES", "RowFields", "Tree", "pack", "tree_tensors"]

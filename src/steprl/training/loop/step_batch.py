@@ -13,6 +13,7 @@ views' `targets` / `inputs` are the only conversions.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -24,7 +25,6 @@ from steprl.algorithms import estimators, filters, losses
 from steprl.algorithms.inputs import AdvantageInputs, AdvantageOutput, step_ends
 from steprl.config import AlgorithmSection
 from steprl.rollout.views import Sample, inputs, targets
-from steprl.training.learn.batching import collate
 from steprl.training.learn.critic import collate_values
 from steprl.training.learn.learner_protocol import Computed
 from steprl.training.setup.build import Parts
@@ -144,9 +144,11 @@ class StepBatch:
     #: with a step-reward model: what it scored and fits on (`StepData`), and its scores
     credit: tuple[StepData, Scored] | None = None
 
-    @property
-    def samples(self) -> list[Sample]:
-        return [r.sample for r in self.rows]
+    @functools.cached_property
+    def samples(self) -> tuple[Sample, ...]:
+        """The rows as the learner reads them: one object per step, so the learner's passes over
+        it (cross-policy ratios, the proximal pass, every epoch) collate each row once."""
+        return tuple(r.sample for r in self.rows)
 
     @property
     def old_values(self) -> list[tuple[float, ...]] | None:
@@ -192,7 +194,6 @@ def make_batch(
         trainable,
         views,
         shaped_rewards(trainable, algo),
-        pad_id=parts.policy.tokenizer.pad_token_id,
         env_ids=env_ids,
         values=old_values,
         entropy=[tuple(e.tolist()) for e in computed.entropies] if computed.entropies is not None else None,
@@ -265,7 +266,6 @@ def advantage_inputs(
     views: Sequence[Sample],
     rewards: torch.Tensor,
     *,
-    pad_id: int,
     env_ids: dict[str, int],
     values: Sequence[Sequence[float]] | None = None,
     entropy: Sequence[Sequence[float]] | None = None,
@@ -285,7 +285,7 @@ def advantage_inputs(
             step_index.append(k)
             step_rewards.append(s.reward)
             anchors.append(anchor_key(t, k))
-    mask = collate(views, pad_id).loss_mask
+    mask = _loss_masks(views)
     token_step = torch.full(mask.shape, -1, dtype=torch.long)
     for i, v in enumerate(views):
         local = torch.tensor(targets(v.token_step), dtype=torch.long)
@@ -311,6 +311,14 @@ def advantage_inputs(
         entropy=collate_values(entropy, mask.shape) if entropy is not None else None,
         user_error=user_errors(trajectories),
     )
+
+
+def _loss_masks(views: Sequence[Sample]) -> torch.Tensor:
+    """(B, T-1) the rows' target-aligned loss masks, right-padded with 0 (as the learner's batches)."""
+    mask = torch.zeros(len(views), max(len(v.input_ids) for v in views) - 1)
+    for i, v in enumerate(views):
+        mask[i, : len(v.input_ids) - 1] = torch.tensor(targets(v.loss_mask), dtype=torch.float32)
+    return mask
 
 
 def user_errors(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
