@@ -25,7 +25,11 @@ SMALL_SFT = (  # the warm start made small; shared by the backends (runtime is n
 PER_BACKEND = {"ray": ("runtime.env_workers=1", "runtime.rollout_workers=1")}
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+# Ray (a rollout worker and env actor started for one 2-step run, 36 s of the suite): `make soak`;
+# each backend's conformance and same-seed metrics run in `make test` (tests/hosting/)
+@pytest.mark.parametrize(
+    "backend", [pytest.param(b, marks=pytest.mark.soak) if b == "ray" else b for b in sorted(BACKENDS)]
+)
 def test_a_two_env_mixture_trains_from_yaml_on_each_backend(tmp_path, backend):
     settings = [
         *TINY_SCRATCH,

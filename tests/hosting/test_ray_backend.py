@@ -342,6 +342,8 @@ def test_one_rollout_worker_is_bit_identical_to_in_process_and_sync_weights_appl
         pool.close()
 
 
+@pytest.mark.soak  # two workers, two env actors and a replacement (77 s of the suite); a killed env
+# worker is replaced in `make test` (test_env13_...), a killed learner rank in the soak too
 def test_two_rollout_workers_with_env_actors_keep_order_and_survive_a_dead_worker(tokenizer, small_model):
     tasks = _tasks(3)
     envs = WorkerEnvs("calculator", placement="ray", env_workers=1, call_timeout_s=20)
