@@ -280,6 +280,12 @@ class TrainerSection(Section):
     epochs: int = Field(1, gt=0)  # passes over each step's batch
     mini_batches: int = Field(2, gt=0)  # optimizer steps per epoch
     micro_batch_size: int = Field(64, gt=0)  # rows per forward/backward (memory only; loss unchanged)
+    # a token budget per micro-batch as well (its rows times their padded length; a row longer
+    # than the budget goes alone): memory bounded by tokens, not rows; the loss is unchanged
+    max_tokens_per_micro_batch: int | None = Field(None, gt=0)
+    # recompute each transformer block's activations in the backward pass instead of keeping
+    # them (less memory, about a third more compute); rows are then not packed into trees
+    activation_checkpointing: bool = False
     # rows sharing a prefix (a group's prompt; a history-editing context's per-step rows) are
     # computed once, as prefix trees (training/learn/packing.py), where the model and loss allow it;
     # false: every row on its own

@@ -441,6 +441,22 @@ def token_logprobs(
     return logprobs_at(model, hidden, input_ids, wanted, temperature, chunk_size)
 
 
+def token_budget_batches(
+    lengths: Sequence[int], idx: Sequence[int], rows: int, tokens: int
+) -> list[list[int]]:
+    """`idx` in order, cut into micro-batches of at most `rows` rows whose padded size (rows x the
+    longest) stays within `tokens`; a row longer than `tokens` alone."""
+    out: list[list[int]] = [[]]
+    longest = 0
+    for i, n in zip(idx, lengths, strict=True):
+        if out[-1] and (len(out[-1]) >= rows or (len(out[-1]) + 1) * max(longest, n) > tokens):
+            out.append([])
+            longest = 0
+        out[-1].append(i)
+        longest = max(longest, n)
+    return out
+
+
 def minibatches(n: int, num: int, generator: torch.Generator) -> list[list[int]]:
     """Shuffle n row indices and split them into `num` near-equal mini-batches."""
     order = torch.randperm(n, generator=generator).tolist()

@@ -26,7 +26,14 @@ from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
-from steprl.training.learn.batching import Batch, Collator, batch_hidden, logprobs_at, minibatches
+from steprl.training.learn.batching import (
+    Batch,
+    Collator,
+    batch_hidden,
+    logprobs_at,
+    minibatches,
+    token_budget_batches,
+)
 from steprl.training.learn.critic import ValueHead, collate_values
 from steprl.training.learn.grad_share import GradShare, by_env
 from steprl.training.learn.guards import grad_metrics, guarded_epochs
@@ -72,8 +79,16 @@ class LocalLearner:
         device: str = "cpu",
         grad_spike_norm: float = float("inf"),
         pack: bool = False,
+        max_tokens: int | None = None,
+        activation_checkpointing: bool = False,
     ) -> None:
         self.model = model.to(device).train()
+        if activation_checkpointing:  # transformers' own: each decoder layer recomputed in backward
+            hf: Any = self.model
+            if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.25
+                hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device = device
         self.policy_loss = policy_loss
         self.needs_proximal = needs_proximal
@@ -82,6 +97,9 @@ class LocalLearner:
         self.grad_clip = grad_clip
         self.grad_spike_norm = grad_spike_norm
         self.micro_batch_size = micro_batch_size
+        self.max_tokens = max_tokens  # per micro-batch, rows x padded length (None: rows only)
+        if pack and activation_checkpointing:
+            raise ValueError("packed rows need the KV cache: pack=False with activation checkpointing")
         if pack and value_head is not None:
             raise ValueError("packed rows carry no per-row values: pack=False with a shared value head")
         self.pack = pack  # rows sharing a prefix are computed once (training/learn/packing.py)
@@ -343,13 +361,19 @@ class LocalLearner:
     def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
         """Split a mini-batch's rows into micro-batches (memory only: the loss is the same).
 
-        Plain rows: `micro_batch_size` at a time. Packed rows: in their original order, so a
-        trajectory's rows (and a group's) land together and share their prefixes, as many as fit
-        the tokens of `micro_batch_size` plain rows of the longest length.
+        Plain rows: `micro_batch_size` at a time, fewer where `max_tokens` (rows x padded length)
+        would be passed. Packed rows: in their original order, so a trajectory's rows (and a
+        group's) land together and share their prefixes, as many as fit the tokens of
+        `micro_batch_size` plain rows of the longest length (or `max_tokens`, if fewer).
         """
         if not self.pack:
-            return [idx[i : i + self.micro_batch_size] for i in range(0, len(idx), self.micro_batch_size)]
+            if self.max_tokens is None:
+                return [idx[i : i + self.micro_batch_size] for i in range(0, len(idx), self.micro_batch_size)]
+            return token_budget_batches(
+                [len(samples[i].input_ids) for i in idx], idx, self.micro_batch_size, self.max_tokens
+            )
         budget = self.micro_batch_size * max(len(samples[i].input_ids) for i in idx)
+        budget = min(budget, self.max_tokens) if self.max_tokens is not None else budget
         out: list[list[int]] = [[]]
         unique = 0  # a bound on the nodes: the tokens not shared with the previous row
         for i in sorted(idx):

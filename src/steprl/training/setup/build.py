@@ -267,6 +267,8 @@ def _make_learner(
         betas=cfg.trainer.betas,
         grad_clip=cfg.trainer.grad_clip,
         micro_batch_size=cfg.trainer.micro_batch_size,
+        max_tokens=cfg.trainer.max_tokens_per_micro_batch,
+        activation_checkpointing=cfg.trainer.activation_checkpointing,
         pad_id=policy.tokenizer.pad_token_id,
         # greedy (T=0) log-probs are reported under the unscaled softmax, as the engine does
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
@@ -384,6 +386,8 @@ def _pack_rows(cfg: Config, model: torch.nn.Module, log: Callable[[str], None]) 
     why = packing_unsupported(model)
     if cfg.algorithm.critic == "shared":
         why = "a shared value head reads every row's own positions"
+    elif cfg.trainer.activation_checkpointing:
+        why = "activation checkpointing runs the model without the KV cache a tree's segments need"
     elif cfg.algorithm.aggregation == "seq-mean-token-mean":
         why = "seq-mean-token-mean divides by each row's own token count"
     if why is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from steprl.algorithms.inputs import AdvantageInputs
 from steprl.rollout.views import Sample, targets
-from steprl.training.learn.batching import Batch, collate, device_of, last_hidden, logprobs_at
+from steprl.training.learn.batching import Batch, Collator, device_of, last_hidden, logprobs_at
 from steprl.training.learn.critic import ValueHead
 from steprl.types import Trajectory
 
@@ -33,6 +33,8 @@ class StepData:
     x: AdvantageInputs
     views: tuple[Sample, ...]
     trajectories: tuple[Trajectory, ...]
+    #: the views as tensors, made once for the scoring and every fitting epoch (`rows_batch`)
+    collators: dict[int, Collator] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_steps(self) -> int:
@@ -119,8 +121,10 @@ def chunks_by_trajectory(data: StepData, size: int) -> Iterator[list[int]]:
 
 
 def rows_batch(data: StepData, rows: Sequence[int], pad_id: int) -> tuple[Batch, Tensor]:
-    """The rows collated (unpacked) and their slice of the global token_step, (b, T')."""
-    b = collate([data.views[i] for i in rows], pad_id)
+    """The rows collated (unpacked) and their slice of the global token_step, (b, T'). Each
+    row of a step becomes tensors once for the scoring and every fitting epoch (`Collator`)."""
+    collated = data.collators.setdefault(pad_id, Collator(data.views, pad_id))
+    b = collated(rows)
     width = b.loss_mask.shape[1]
     return b, data.x.token_step[list(rows), :width]
 
