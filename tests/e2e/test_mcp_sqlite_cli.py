@@ -67,7 +67,7 @@ def _config(tmp_path: Path, db_path: str) -> Path:
 
 def _check_env(config: Path) -> tuple[int, str]:
     done = cli_zygote.run(
-        [STEPRL, "check-env", str(config), "--tasks", "6"],
+        [STEPRL, "check-env", str(config), "--tasks", "3"],
         capture_output=True,
         text=True,
         timeout=300,

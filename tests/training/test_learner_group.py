@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import copy
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from steprl.algorithms import POLICY_LOSSES
+from steprl.training.learn.learner import Regularizers
 from steprl.training.learn.learner_protocol import check_learner
 from tiny_runs import make_learner
 
@@ -49,7 +52,7 @@ def ray_local():
     ray.shutdown()
 
 
-def test_two_ranks_update_as_one_process_does(small_model, advantage_rows):
+def test_two_ranks_update_as_one_process_does(small_model, advantage_rows, tmp_path):
     from steprl.training.learn.learner_group import LearnerGroup
 
     one = make_learner(copy.deepcopy(small_model).train(), **_settings())
@@ -77,14 +80,79 @@ def test_two_ranks_update_as_one_process_does(small_model, advantage_rows):
         worst = max(worst, *(_rel(w2[k], w1[k]) for k in w1))
         print(f"largest relative difference (log-probs, weights after 4 optimizer steps): {worst:.2e}")
         assert worst < 1e-5
+        # a checkpoint: the ranks write their shards (torch.distributed.checkpoint); one process
+        # reads them whole and continues as the ranks do
+        group.save_model(tmp_path, tmp_path)
+        state = group.state_dict()
+        assert state["sharded"] and state["optimizer"] is None  # nothing gathered into this process
+        resumed = make_learner(copy.deepcopy(small_model).train(), **_settings())
+        resumed.load_state_dict(state, tmp_path)
+        back = resumed.weights(2).full()
+        assert all(torch.equal(back[k], w2[k]) for k in w2)
+        s3 = group.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(5))
+        s4 = resumed.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(5))
+        for k in s3:
+            assert s4[k] == pytest.approx(s3[k], rel=1e-5, abs=1e-7), k
     finally:
         group.close()
 
 
-def test_the_group_passes_check_learner(small_model, advantage_rows):
+def test_the_group_passes_check_learner_and_trains_lora_as_one_process_does(
+    small_model, advantage_rows, tmp_path
+):
+    """A LoRA policy on the ranks (adapters their own FSDP units, the KL in the loss against the
+    rank's own base with adapters off): the protocol's checker, then the same update, adapters
+    and reference log-probs as one process."""
     from steprl.training.learn.learner_group import LearnerGroup
+    from steprl.training.learn.lora import AdaptersDisabled, apply_lora
 
-    check_learner(
-        lambda: LearnerGroup(copy.deepcopy(small_model).train(), _settings(), ranks=2, timeout_s=120),
-        advantage_rows,
-    )
+    def lora_model():
+        torch.manual_seed(0)
+        model = apply_lora(
+            copy.deepcopy(small_model),
+            SimpleNamespace(r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"]),
+        )
+        with torch.no_grad():  # B starts at 0: a nonzero B makes the adapters matter from the first pass
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02)
+        return model.train()
+
+    def settings(model):
+        return _settings(ref_model=AdaptersDisabled(model), regularizers=Regularizers(kl_coef=0.1))
+
+    def group_of(model):
+        return LearnerGroup(model, settings(model), ranks=2, timeout_s=120)
+
+    check_learner(lambda: group_of(lora_model()), advantage_rows)
+    local = lora_model()
+    one, group = make_learner(local, **settings(local)), group_of(lora_model())
+    try:
+        rows = advantage_rows
+        r1 = one.compute(rows, ref_logprobs=True).ref_logprobs
+        r2 = group.compute(rows, ref_logprobs=True).ref_logprobs
+        worst = max(_rel(y, x) for x, y in zip(r1, r2, strict=True))
+        s1 = one.update(rows, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(3))
+        s2 = group.update(rows, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(3))
+        for k in s1:
+            assert s2[k] == pytest.approx(s1[k], rel=1e-5, abs=1e-7), k
+        a1, a2 = one.weights(1), group.weights(1)
+        assert a1.adapter is not None and a2.adapter is not None  # the adapters alone travel
+        for d1, d2 in zip(a1.adapter.deltas, a2.adapter.deltas, strict=True):
+            assert d1.module == d2.module and d1.scaling == d2.scaling
+            worst = max(worst, _rel(d2.a, d1.a), _rel(d2.b, d1.b))
+        assert group.state_dict()["adapters"].keys() == one.state_dict()["adapters"].keys()
+        print(f"LoRA on 2 ranks, largest relative difference: {worst:.2e}")
+        assert worst < 1e-5
+        # the checkpoint's shards hold the adapters and their optimizer state, not the frozen base
+        group.save_model(tmp_path, tmp_path)
+        saved = FileSystemReader(str(tmp_path / "learner")).read_metadata().state_dict_metadata
+        weights = [k for k in saved if k.startswith("model.")]
+        assert weights and all("lora_" in k for k in weights), weights[:3]
+        assert any(k.startswith("optimizer.state.") and "lora_" in k for k in saved)
+        back = make_learner(lora_model(), **settings(local))
+        back.load_state_dict(group.state_dict(), tmp_path)
+        for d1, d2 in zip(back.weights(2).adapter.deltas, a2.adapter.deltas, strict=True):
+            assert torch.equal(d1.a, d2.a) and torch.equal(d1.b, d2.b), d1.module
+    finally:
+        group.close()

@@ -25,7 +25,7 @@ from steprl.config import ConfigError
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
-from steprl.training.learn import optimizer_state
+from steprl.training.learn import optimizer_state, sharded_state
 from steprl.training.learn.batching import (
     Batch,
     Collator,
@@ -187,6 +187,12 @@ class LocalLearner:
         }
 
     def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
+        if state.get("sharded"):  # written by learner ranks: every tensor read whole
+            path = checkpoint / state["sharded"]
+            sharded_state.load(
+                self.model, self.optimizer, path, stepped=bool(state.get("sharded_optimizer", True))
+            )
+            return
         if state["adapters"] is not None:
             params = dict(self.model.named_parameters())
             missing = set(state["adapters"]) - set(params)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,12 +31,17 @@ from torch import nn
 
 from steprl.engines.weights import WeightUpdate
 from steprl.errors import UserError
+from steprl.extras import require
 from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import minibatches
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
+from steprl.training.learn.lora import ADAPTER, AdaptersDisabled, adapter_update, is_peft
+
+#: in a rank's settings, LoRA's KL reference: the rank's own policy with its adapters off
+ADAPTERS_OFF = "adapters_disabled"
 
 
 class LearnerGroupError(UserError):
@@ -45,21 +51,31 @@ class LearnerGroupError(UserError):
 @dataclass(frozen=True)
 class ModelParts:
     """A model as its class, config and weights: each rank builds it anew (its constructor runs
-    there; an unpickled transformers model misses what its class registers when it is made)."""
+    there; an unpickled transformers model misses what its class registers when it is made).
+    `lora`: the peft config of a LoRA policy, whose adapters the rank puts back on its base."""
 
     cls: type[nn.Module]
     config: Any
     weights: dict[str, torch.Tensor]
     dtype: torch.dtype
+    lora: Any = None
 
     @staticmethod
     def of(model: nn.Module) -> ModelParts:
         hf: Any = model
+        base = hf.get_base_model() if is_peft(model) else model
+        lora = copy.deepcopy(hf.peft_config[ADAPTER]) if is_peft(model) else None
         weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        return ModelParts(type(model), copy.deepcopy(hf.config), weights, next(model.parameters()).dtype)
+        dtype = next(base.parameters()).dtype
+        return ModelParts(type(base), copy.deepcopy(base.config), weights, dtype, lora)
 
     def build(self) -> nn.Module:
-        model = self.cls(self.config).to(self.dtype)
+        model: Any = self.cls(self.config).to(self.dtype)
+        if self.lora is not None:  # the same adapters (fp32 over any base), then the exact weights
+            peft = require("peft", extra="lora", feature="model.lora")
+            with warnings.catch_warnings():  # transformers' deprecation notes from inside peft
+                warnings.simplefilter("ignore", FutureWarning)
+                model = peft.get_peft_model(model, copy.deepcopy(self.lora))
         model.load_state_dict(self.weights)
         return model.train()
 
@@ -144,8 +160,14 @@ class LearnerGroup:
         # prefix-tree rows run a varying number of forward segments per micro-batch: the ranks'
         # all-gathers would fall out of step, so the ranks train on plain rows
         settings = {**settings, "pack": False}
+        if isinstance(settings.get("ref_model"), AdaptersDisabled):  # LoRA's reference: each rank's
+            settings["ref_model"] = ADAPTERS_OFF  # own base with the adapters off, not this copy
         self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
         self.shapes = {k: v.shape for k, v in model.state_dict().items()}  # what joined shards must be
+        # LoRA: what the engines get and a checkpoint holds is the adapters (the trainable tensors)
+        self.adapters = (
+            {n: p.shape for n, p in model.named_parameters() if p.requires_grad} if is_peft(model) else None
+        )
         self._temperature = float(settings["temperature"])
         self.actors: list[Any] = []
         self._sent: tuple[int, Sequence[Sample]] | None = None  # the last set of rows sent, its key
@@ -268,6 +290,9 @@ class LearnerGroup:
         return stats
 
     def weights(self, version: int) -> WeightUpdate:
+        if self.adapters is not None:  # LoRA: the adapters alone, merged by the engines
+            self._pull_adapters()
+            return WeightUpdate.of_adapter(adapter_update(self.model), version)
         return WeightUpdate.of_tensors(self._full(), version)
 
     def _full(self) -> dict[str, torch.Tensor]:
@@ -275,6 +300,20 @@ class LearnerGroup:
 
         parts = self._all("gathering the weights", "local_state")
         return join_shards(parts, self.shapes)
+
+    def _pull_adapters(self) -> dict[str, torch.Tensor]:
+        """The ranks' adapters joined and written into this process's copy of the policy (the
+        base never changes): a few MB, not the model."""
+        from steprl.training.learn.rank_learner import join_shards  # noqa: PLC0415 - torch.distributed
+
+        assert self.adapters is not None
+        parts = self._all("gathering the adapters", "local_state", list(self.adapters))
+        joined = join_shards(parts, self.adapters)
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, t in joined.items():
+                params[name].copy_(t)
+        return joined
 
     def apply(self, levers: LearnerLevers) -> None:
         self._all("setting the levers", "apply", levers)
@@ -294,19 +333,38 @@ class LearnerGroup:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return self._all("gathering the checkpoint", "state_dict")[0]
+        state = self._all("gathering the checkpoint", "state_dict")[0]
+        if self.adapters is not None:  # LoRA: the exact adapters, as one process writes them
+            state["adapters"] = {k: v.clone() for k, v in self._pull_adapters().items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
+        if state.get("sharded"):  # written by ranks: each rank reads its shards, resharded to N
+            stepped = bool(state.get("sharded_optimizer", True))
+            self._all("loading the checkpoint's shards", "load_sharded", str(checkpoint), stepped)
+            return
         optimizer = state["optimizer"]
         if not state.get("ranks"):  # written by one process (keyed by parameter index): reshard
             names = [n for n, p in self.model.named_parameters() if p.requires_grad]
             optimizer = optimizer_state.by_name(optimizer, names)
-        ckpt.load_model_weights(self.model, checkpoint)
+        if state.get("adapters") is not None:  # LoRA: the base is as it started, the adapters saved
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for n, t in state["adapters"].items():
+                    params[n].copy_(t)
+        else:
+            ckpt.load_model_weights(self.model, checkpoint)
         full = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self._all("loading the checkpoint", "load_full", full, optimizer)
 
     def save_model(self, directory: Path, final: Path) -> None:
-        self.model.load_state_dict(self._full())
+        """The ranks' shards of the weights and optimizer state (`learner/`, written by the
+        ranks in parallel; a shared filesystem across nodes), then the policy in HF format."""
+        self._all("writing the checkpoint's shards", "save_sharded", str(directory))
+        if self.adapters is not None:
+            self._pull_adapters()
+        else:
+            self.model.load_state_dict(self._full())
         ckpt.write_model(self.model, directory, final)
 
     def close(self) -> None:

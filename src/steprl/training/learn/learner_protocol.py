@@ -103,7 +103,8 @@ class Learner(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint's state.pt holds of the learner besides the HF-format policy:
-        `optimizer`, `value_head`, `adapters` (LoRA: the exact trainable tensors)."""
+        `optimizer`, `value_head`, `adapters` (LoRA: the exact trainable tensors); a sharded
+        learner instead names the directory its ranks wrote (`sharded`: `sharded_state.py`)."""
         ...
 
     def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
@@ -112,7 +113,8 @@ class Learner(Protocol):
 
     def save_model(self, directory: Path, final: Path) -> None:
         """The policy in HF format into `directory` (LoRA: the adapters, whose config names the
-        base); `final` is where the directory will be renamed to."""
+        base); `final` is where the directory will be renamed to. Learner ranks also write
+        their shards of the weights and optimizer state there (torch.distributed.checkpoint)."""
         ...
 
     def close(self) -> None:
@@ -133,7 +135,7 @@ def check_learner(make: Callable[[], Learner], rows: Sequence[Sample]) -> None:
     assert again.logprobs is not None
     for a, b in zip(first.logprobs, again.logprobs, strict=True):
         assert torch.equal(a, b), "compute is not repeatable"
-    before = learner.weights(1).full()
+    before = _tensors(learner.weights(1))
     snap = learner.snapshot()
     stats = learner.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(0))
     assert stats.get("actor/optimizer_steps", 1.0) != 0.0 and "actor/pg_loss" in stats, stats
@@ -143,8 +145,9 @@ def check_learner(make: Callable[[], Learner], rows: Sequence[Sample]) -> None:
         "an update changed no log-prob"
     )
     now = learner.weights(2)
-    assert now.version == 2 and set(now.names) == set(before), "weights() names other tensors"
-    assert any(not torch.equal(before[k], v) for k, v in now.full().items()), "weights() missed the update"
+    after = _tensors(now)
+    assert now.version == 2 and set(after) == set(before), "weights() names other tensors"
+    assert any(not torch.equal(before[k], v) for k, v in after.items()), "weights() missed the update"
     learner.restore(snap)
     back = learner.compute(rows, logprobs=True)
     assert back.logprobs is not None
@@ -152,6 +155,13 @@ def check_learner(make: Callable[[], Learner], rows: Sequence[Sample]) -> None:
         assert torch.equal(a, b), "restore(snapshot()) did not bring the weights back exactly"
     learner.close()
     learner.close()
+
+
+def _tensors(update: WeightUpdate) -> dict[str, torch.Tensor]:
+    """An update's tensors: the full weights, or a LoRA update's A and B matrices."""
+    if update.adapter is not None:
+        return {f"{d.module}.{k}": t for d in update.adapter.deltas for k, t in (("a", d.a), ("b", d.b))}
+    return update.full()
 
 
 __all__ = ["Computed", "Learner", "LearnerLevers", "check_learner"]

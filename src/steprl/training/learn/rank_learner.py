@@ -19,8 +19,9 @@ on its part of the rows, so the step is the one a single process takes:
 
 The KL reference (no gradient) is replicated, not sharded. Rows are not packed into prefix
 trees on ranks (a tree runs a varying number of forward segments: the ranks' all-gathers would
-fall out of step). Not yet on ranks: LoRA, a shared value head (`algorithm.critic: shared`),
-`grad_share/<env>` (build refuses the first two in one line; the last is not logged).
+fall out of step). LoRA: the adapters are their own FSDP units and the only trainable weights;
+the KL reference is the rank's own sharded policy with its adapters off. Not yet on ranks: a
+shared value head (`algorithm.critic: shared`, refused in one line) and `grad_share/<env>`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
@@ -44,7 +44,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from steprl.rollout.views import Sample
+from steprl.training.learn import sharded_state
 from steprl.training.learn.learner import LocalLearner
+from steprl.training.learn.lora import AdaptersDisabled
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -87,6 +89,15 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return max(lists, key=len) if lists else []
 
 
+def lora_linears(model: nn.Module) -> list[nn.Module]:
+    """The LoRA A and B matrices of a peft model (none for a plain model)."""
+    return [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and (".lora_A." in name + "." or ".lora_B." in name + ".")
+    ]
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
@@ -97,9 +108,15 @@ class RankLearner(LocalLearner):
 
     def __init__(self, model: nn.Module, *, rank: int, world: int, **settings: Any) -> None:
         mesh = init_device_mesh(torch.device(settings.get("device", "cpu")).type, (world,))
+        # LoRA: each adapter matrix is its own unit, so a block's unit holds only base weights (one
+        # dtype, as FSDP2 needs: fp32 adapters over a bf16 base) and only adapters get gradients
+        for adapter in lora_linears(model):
+            fully_shard(adapter, mesh=mesh)
         for block in transformer_blocks(model):
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if settings.get("ref_model") == "adapters_disabled":  # learner_group.ADAPTERS_OFF
+            settings = {**settings, "ref_model": AdaptersDisabled(model)}
         super().__init__(model, **settings)
         self.rank, self.world = rank, world
         self.loss_scale = float(world)
@@ -146,12 +163,16 @@ class RankLearner(LocalLearner):
         """The full weights on rank 0 (CPU), nothing on the others: every rank takes part."""
         return dict(get_model_state_dict(self.model, options=_FULL))  # type: ignore[arg-type]
 
-    def local_state(self) -> dict[str, torch.Tensor]:
-        """This rank's dim-0 shard of every weight (a replicated tensor whole), on the CPU: the
-        controller joins the ranks' shards (`join_shards`) without a collective. A gloo gather of
-        Gemma-3-270M's weights tensor by tensor took 22 s; this is one message per rank."""
+    def local_state(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """This rank's dim-0 shard of every weight (or of `names`; a replicated tensor whole), on
+        the CPU: the controller joins the ranks' shards (`join_shards`) without a collective. A
+        gloo gather of Gemma-3-270M's weights tensor by tensor took 22 s; this is one message per
+        rank."""
         out = {}
+        wanted = set(names) if names is not None else None
         for name, t in self.model.state_dict().items():
+            if wanted is not None and name not in wanted:
+                continue
             sharded = isinstance(t, DTensor) and any(p.is_shard() for p in t.placements)
             if sharded and [p.is_shard(0) for p in t.placements] != [True]:
                 raise ValueError(f"{name}: sharded as {t.placements}; only dim-0 shards are joined")
@@ -184,11 +205,29 @@ class RankLearner(LocalLearner):
                         now[k] = v.clone() if torch.is_tensor(v) else v
 
     def state_dict(self) -> dict[str, Any]:
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=_FULL)
-        return {"optimizer": optimizer, "value_head": None, "adapters": None, "ranks": self.world}
+        """What state.pt records of the learner: where the ranks' shards are (`save_sharded`
+        writes them with the checkpoint's model), not the optimizer state itself."""
+        return {
+            "optimizer": None,
+            "value_head": None,
+            "adapters": None,
+            "ranks": self.world,
+            "sharded": sharded_state.LEARNER_DIR,
+            "sharded_optimizer": bool(self.optimizer.state),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
-        raise NotImplementedError("the group loads full weights: load_full")
+        raise NotImplementedError("the group loads full weights (load_full) or shards (load_sharded)")
+
+    def save_sharded(self, directory: str) -> None:
+        """This rank's shards of the weights and optimizer state, into the checkpoint being
+        written (every rank at once: torch.distributed.checkpoint)."""
+        sharded_state.save(self.model, self.optimizer, Path(directory) / sharded_state.LEARNER_DIR)
+
+    def load_sharded(self, checkpoint: str, stepped: bool) -> None:
+        """A checkpoint's shards, written on any number of ranks, resharded to this group."""
+        path = Path(checkpoint) / sharded_state.LEARNER_DIR
+        sharded_state.load(self.model, self.optimizer, path, stepped=stepped)
 
     def load_full(self, weights: Mapping[str, torch.Tensor], optimizer: Mapping[str, Any]) -> None:
         """Every rank is given the full weights and optimizer state and keeps its shards."""

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from steprl.algorithms import ADVANTAGES, GROUP_FILTERS, POLICY_LOSSES
-from steprl.config import Config, ConfigError
+from steprl.config import Config
 from steprl.engines.base import Engine, SamplingParams
 from steprl.engines.hf import CurrentPolicy, HFEngine
 from steprl.envs.base import EnvTimeout
@@ -288,10 +288,6 @@ def _make_learner(
     rt = cfg.runtime
     if rt.learner_ranks == 1:
         return LocalLearner(policy.model, **settings)
-    if is_peft(policy.model):
-        raise ConfigError(
-            "runtime.learner_ranks > 1 with model.lora is not supported yet; use learner_ranks: 1"
-        )
     from steprl.training.learn.learner_group import LearnerGroup  # noqa: PLC0415 - Ray, only when asked
 
     group = LearnerGroup(
