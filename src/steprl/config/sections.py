@@ -305,3 +305,7 @@ class RuntimeSection(Section):
     learner_ranks: int = Field(1, gt=0)
     learner_placement: Literal["pack", "spread"] = "pack"  # the ranks' Ray placement group
     learner_timeout_s: float = Field(300.0, gt=0)  # deadline of one call into the ranks
+    # GPUs per rank: 0 = the ranks compute on CPUs (gloo); 1 = one GPU each (NCCL)
+    learner_gpus_per_rank: float = Field(0.0, ge=0)
+    # on GPUs: bf16 compute with fp32 weights, gradient reduction and optimizer (FSDP2's policy)
+    learner_mixed_precision: bool = True

@@ -112,8 +112,11 @@ class _Rank:
 
         from steprl.training.learn.rank_learner import RankLearner  # noqa: PLC0415
 
+        cuda = str(settings.get("device", "cpu")).startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(0)  # the one GPU Ray made visible to this actor
         dist.init_process_group(
-            "gloo",
+            "nccl" if cuda else "gloo",
             init_method=f"tcp://{addr}:{port}",
             rank=rank,
             world_size=world,
@@ -152,6 +155,8 @@ class LearnerGroup:
         ranks: int,
         placement: str = "pack",
         timeout_s: float = 300.0,
+        gpus_per_rank: float = 0.0,
+        mixed_precision: bool = True,
     ) -> None:
         if settings.get("value_head") is not None:
             raise LearnerGroupError(
@@ -160,6 +165,8 @@ class LearnerGroup:
         # prefix-tree rows run a varying number of forward segments per micro-batch: the ranks'
         # all-gathers would fall out of step, so the ranks train on plain rows
         settings = {**settings, "pack": False}
+        if gpus_per_rank > 0:  # each rank its GPU (Ray sets CUDA_VISIBLE_DEVICES), NCCL between them
+            settings |= {"device": "cuda", "mixed_precision": mixed_precision}
         if isinstance(settings.get("ref_model"), AdaptersDisabled):  # LoRA's reference: each rank's
             settings["ref_model"] = ADAPTERS_OFF  # own base with the adapters off, not this copy
         self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
@@ -172,18 +179,22 @@ class LearnerGroup:
         self.actors: list[Any] = []
         self._sent: tuple[int, Sequence[Sample]] | None = None  # the last set of rows sent, its key
         ensure_ray()
-        self.group = placement_group([{"CPU": 1}] * ranks, strategy=placement.upper())
+        bundle = {"CPU": 1.0} | ({"GPU": gpus_per_rank} if gpus_per_rank > 0 else {})
+        self.group = placement_group([bundle] * ranks, strategy=placement.upper())
         try:
             ray.get(self.group.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(self.group)
+            need = " and ".join(f"{v * ranks:g} {k}s" for k, v in bundle.items())
             raise LearnerGroupError(
-                f"{ranks} learner ranks need {ranks} CPUs in the Ray cluster ({placement.upper()}); "
-                f"none came within {timeout_s:.0f} s (runtime.learner_ranks, runtime.learner_placement)"
+                f"{ranks} learner ranks need {need} in the Ray cluster ({placement.upper()}); "
+                f"none came within {timeout_s:.0f} s (runtime.learner_ranks, runtime.learner_placement, "
+                "runtime.learner_gpus_per_rank)"
             ) from None
         self.actors = [
             _RankActor.options(
                 num_cpus=1,
+                num_gpus=gpus_per_rank,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.group, placement_group_bundle_index=r
                 ),

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from steprl.rollout.views import Sample
@@ -107,14 +107,22 @@ class RankLearner(LocalLearner):
     (`torch.distributed`) is initialised before it is made."""
 
     def __init__(self, model: nn.Module, *, rank: int, world: int, **settings: Any) -> None:
-        mesh = init_device_mesh(torch.device(settings.get("device", "cpu")).type, (world,))
+        settings = dict(settings)
+        device = torch.device(settings.get("device", "cpu")).type
+        mesh = init_device_mesh(device, (world,))
+        policies: dict[str, Any] = {}
+        if settings.pop("mixed_precision", False) and device == "cuda":
+            # bf16 all-gathers and compute; fp32 gradient reduction, weights and optimizer state
+            policies["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+            )
         # LoRA: each adapter matrix is its own unit, so a block's unit holds only base weights (one
         # dtype, as FSDP2 needs: fp32 adapters over a bf16 base) and only adapters get gradients
         for adapter in lora_linears(model):
-            fully_shard(adapter, mesh=mesh)
+            fully_shard(adapter, mesh=mesh, **policies)
         for block in transformer_blocks(model):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **policies)
+        fully_shard(model, mesh=mesh, **policies)
         if settings.get("ref_model") == "adapters_disabled":  # learner_group.ADAPTERS_OFF
             settings = {**settings, "ref_model": AdaptersDisabled(model)}
         super().__init__(model, **settings)

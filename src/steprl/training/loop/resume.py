@@ -60,6 +60,7 @@ RESUMABLE_CHANGES = frozenset(
         "runtime.learner_ranks",
         "runtime.learner_placement",
         "runtime.learner_timeout_s",
+        "runtime.learner_gpus_per_rank",
     }
 )
 

@@ -226,6 +226,11 @@ def build(
 
 def _refuse_combinations(cfg: Config, run: env_setup.RunEnvs) -> None:
     """What the parts cannot do together: one line each, before the model loads."""
+    if cfg.runtime.learner_gpus_per_rank > 0 and cfg.runtime.learner_ranks == 1:
+        raise UserError(
+            "runtime.learner_gpus_per_rank places learner ranks (runtime.learner_ranks > 1); the "
+            "one-process learner computes on model.device (e.g. model.device=cuda)"
+        )
     if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
         raise UserError(
             "rollout.engine=vllm: set runtime.rollout_workers=0; Ray rollout workers hold HF engine copies "
@@ -296,6 +301,8 @@ def _make_learner(
         ranks=rt.learner_ranks,
         placement=rt.learner_placement,
         timeout_s=rt.learner_timeout_s,
+        gpus_per_rank=rt.learner_gpus_per_rank,
+        mixed_precision=rt.learner_mixed_precision,
     )
     log(group.describe())
     return group
