@@ -100,12 +100,13 @@ def test_same_seed_gives_identical_metrics_for_first_three_steps(two_runs):
 
 @pytest.fixture(scope="module")
 def two_ranks(two_runs):
-    """The same run as `two_runs`' on two learner ranks (FSDP2 on Ray, gloo), checkpointed each step."""
+    """The same run as `two_runs`' on two learner ranks (FSDP2 on Ray, gloo), checkpointed at the
+    end (a checkpoint changes no number: the killed run below checkpoints every step)."""
     import ray
 
     tmp, _, _ = two_runs
     try:
-        return train(_cfg(tmp, "ranks2", RANKS2), log=lambda s: None)
+        return train(_cfg(tmp, "ranks2", RANKS2[:1]), log=lambda s: None)
     finally:
         ray.shutdown()
 
