@@ -200,6 +200,11 @@ def _packed(samples: Sequence[Sample], rows: Sequence[RowTensors], pad_id: int) 
 CHUNK_BYTES = 64 * 2**20
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a learner rank's part), or a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def device_of(model: nn.Module) -> torch.device:
     """Where `model` computes: its first parameter's device, or its head's for a module that
     registers none (`AdaptersDisabled`, a LoRA run's KL reference)."""

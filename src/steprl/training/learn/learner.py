@@ -24,8 +24,8 @@ from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, 
 from steprl.config import ConfigError
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
+from steprl.training.learn import batching, optimizer_state, sharded_state
 from steprl.training.learn import checkpoint as ckpt
-from steprl.training.learn import optimizer_state, sharded_state
 from steprl.training.learn.batching import (
     Batch,
     Collator,
@@ -222,10 +222,7 @@ class LocalLearner:
     def footprint(self) -> int:
         """Bytes of the trainable weights, their gradients and the optimizer state held by this
         process (a rank's: its shards): what sharding divides (`benchmarks/learner_scale.py`)."""
-
-        def local(t: torch.Tensor) -> torch.Tensor:
-            return t.to_local() if hasattr(t, "to_local") else t
-
+        local = batching.local_tensor
         total = 0
         for p in self.params:
             total += 2 * local(p).numel() * local(p).element_size()  # the weight and its gradient
@@ -277,8 +274,10 @@ class LocalLearner:
                 out[i] = {name: rows[k] for name, rows in got.items()}
         for _ in range(idle):  # a rank with fewer rows still takes part in every collective
             b = collated([0]).to(self.device)
-            for model in ([self.model] if policy or values else []) + ([self.ref_model] if ref else []):
-                batch_hidden(model, b) if model is not None else None
+            if policy or values:
+                batch_hidden(self.model, b)
+            if ref and self.ref_model is not None:
+                batch_hidden(self.ref_model, b)
         out = self._gathered(out)
         names = out[0].keys() if out else ()
         return {name: tuple(out[i][name] for i in range(len(samples))) for name in names}

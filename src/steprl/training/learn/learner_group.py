@@ -38,10 +38,7 @@ from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import minibatches
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
-from steprl.training.learn.lora import ADAPTER, AdaptersDisabled, adapter_update, is_peft
-
-#: in a rank's settings, LoRA's KL reference: the rank's own policy with its adapters off
-ADAPTERS_OFF = "adapters_disabled"
+from steprl.training.learn.lora import ADAPTER, ADAPTERS_OFF, AdaptersDisabled, adapter_update, is_peft
 
 
 class LearnerGroupError(UserError):

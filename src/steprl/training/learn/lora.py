@@ -39,6 +39,8 @@ from steprl.errors import UserError
 from steprl.extras import require
 
 ADAPTER = "default"  # peft's name for the one adapter we train
+#: in a learner rank's settings, LoRA's KL reference: the rank's own policy with its adapters off
+ADAPTERS_OFF = "adapters_disabled"
 
 
 class LoraConfigError(UserError):
@@ -249,6 +251,7 @@ def load_adapter_checkpoint(path: Path, *, merged: bool, dtype: torch.dtype = to
 
 
 __all__ = [
+    "ADAPTERS_OFF",
     "AdaptersDisabled",
     "LoraConfigError",
     "adapter_update",

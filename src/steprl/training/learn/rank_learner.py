@@ -45,8 +45,9 @@ from torch.distributed.tensor import DTensor
 
 from steprl.rollout.views import Sample
 from steprl.training.learn import sharded_state
+from steprl.training.learn.batching import local_tensor
 from steprl.training.learn.learner import LocalLearner
-from steprl.training.learn.lora import AdaptersDisabled
+from steprl.training.learn.lora import ADAPTERS_OFF, AdaptersDisabled
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -98,10 +99,6 @@ def lora_linears(model: nn.Module) -> list[nn.Module]:
     ]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 class RankLearner(LocalLearner):
     """`LocalLearner` on this rank's FSDP2 shard and its share of the rows; the process group
     (`torch.distributed`) is initialised before it is made."""
@@ -123,7 +120,7 @@ class RankLearner(LocalLearner):
         for block in transformer_blocks(model):
             fully_shard(block, mesh=mesh, **policies)
         fully_shard(model, mesh=mesh, **policies)
-        if settings.get("ref_model") == "adapters_disabled":  # learner_group.ADAPTERS_OFF
+        if settings.get("ref_model") == ADAPTERS_OFF:
             settings = {**settings, "ref_model": AdaptersDisabled(model)}
         super().__init__(model, **settings)
         self.rank, self.world = rank, world
@@ -184,21 +181,24 @@ class RankLearner(LocalLearner):
             sharded = isinstance(t, DTensor) and any(p.is_shard() for p in t.placements)
             if sharded and [p.is_shard(0) for p in t.placements] != [True]:
                 raise ValueError(f"{name}: sharded as {t.placements}; only dim-0 shards are joined")
-            out[name] = _local(t).detach().cpu().clone()
+            out[name] = local_tensor(t).detach().cpu().clone()
         return out
 
     def snapshot(self) -> dict[str, Any]:
         """This rank's shards of the weights and the optimizer state (plain tensors)."""
         state = [
-            {k: _local(v).clone() if torch.is_tensor(v) else v for k, v in self.optimizer.state[p].items()}
+            {
+                k: local_tensor(v).clone() if torch.is_tensor(v) else v
+                for k, v in self.optimizer.state[p].items()
+            }
             for p in self.params
         ]
-        return {"params": [_local(p.detach()).clone() for p in self.params], "optimizer": state}
+        return {"params": [local_tensor(p.detach()).clone() for p in self.params], "optimizer": state}
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
         with torch.no_grad():
             for p, saved in zip(self.params, snapshot["params"], strict=True):
-                _local(p).copy_(saved)
+                local_tensor(p).copy_(saved)
             for p, saved_state in zip(self.params, snapshot["optimizer"], strict=True):
                 if not saved_state:  # before the first step: Adam starts its moments again
                     self.optimizer.state.pop(p, None)
@@ -206,8 +206,8 @@ class RankLearner(LocalLearner):
                 now = self.optimizer.state[p]
                 for k, v in saved_state.items():
                     if k in now and torch.is_tensor(v):
-                        _local(now[k]).copy_(v)
-                    elif torch.is_tensor(v) and isinstance(p, DTensor) and v.shape == _local(p).shape:
+                        local_tensor(now[k]).copy_(v)
+                    elif torch.is_tensor(v) and isinstance(p, DTensor) and v.shape == local_tensor(p).shape:
                         now[k] = DTensor.from_local(v.clone(), p.device_mesh, p.placements)
                     else:
                         now[k] = v.clone() if torch.is_tensor(v) else v

@@ -123,7 +123,9 @@ def chunks_by_trajectory(data: StepData, size: int) -> Iterator[list[int]]:
 def rows_batch(data: StepData, rows: Sequence[int], pad_id: int) -> tuple[Batch, Tensor]:
     """The rows collated (unpacked) and their slice of the global token_step, (b, T'). Each
     row of a step becomes tensors once for the scoring and every fitting epoch (`Collator`)."""
-    collated = data.collators.setdefault(pad_id, Collator(data.views, pad_id))
+    if pad_id not in data.collators:
+        data.collators[pad_id] = Collator(data.views, pad_id)
+    collated = data.collators[pad_id]
     b = collated(rows)
     width = b.loss_mask.shape[1]
     return b, data.x.token_step[list(rows), :width]
