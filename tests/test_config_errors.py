@@ -377,3 +377,12 @@ def test_the_cli_prints_one_line_and_exits_2(
     assert rc == 2, out
     assert "Traceback" not in out and len(out.splitlines()) == 1, out
     assert needle in out, out
+
+
+@pytest.mark.parametrize("setting", ["runtime.learner_gpus_per_rank=1", "runtime.learner_cpu_offload=true"])
+def test_a_setting_of_learner_ranks_without_ranks_is_one_line(setting: str) -> None:
+    from steprl.training.setup.build import _refuse_combinations
+
+    with pytest.raises(UserError, match=r"is a setting of learner ranks \(runtime.learner_ranks > 1\)"):
+        _refuse_combinations(load_config(None, [setting]), None)  # type: ignore[arg-type]
+    _refuse_combinations(load_config(None, [setting, "runtime.learner_ranks=2"]), None)  # type: ignore[arg-type]

@@ -309,3 +309,6 @@ class RuntimeSection(Section):
     learner_gpus_per_rank: float = Field(0.0, ge=0)
     # on GPUs: bf16 compute with fp32 weights, gradient reduction and optimizer (FSDP2's policy)
     learner_mixed_precision: bool = True
+    # the ranks' weight shards, gradients and AdamW state in host memory, AdamW stepping on the CPU
+    # (FSDP2's CPUOffloadPolicy): a model whose optimizer state does not fit the GPUs
+    learner_cpu_offload: bool = False

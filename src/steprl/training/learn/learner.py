@@ -81,8 +81,9 @@ class LocalLearner:
         pack: bool = False,
         max_tokens: int | None = None,
         activation_checkpointing: bool = False,
+        placed: bool = False,  # FSDP2 put the shards where they live (the mesh's device, or host memory)
     ) -> None:
-        self.model = model.to(device).train()
+        self.model = (model if placed else model.to(device)).train()
         if activation_checkpointing:  # transformers' own: each decoder layer recomputed in backward
             hf: Any = self.model
             if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.25

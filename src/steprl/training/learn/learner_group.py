@@ -14,12 +14,8 @@ checkpoint holds the full weights and optimizer state, written as one process wr
 
 from __future__ import annotations
 
-import copy
 import socket
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,50 +27,18 @@ from torch import nn
 
 from steprl.engines.weights import WeightUpdate
 from steprl.errors import UserError
-from steprl.extras import require
 from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import minibatches
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
-from steprl.training.learn.lora import ADAPTER, ADAPTERS_OFF, AdaptersDisabled, adapter_update, is_peft
+from steprl.training.learn.lora import ADAPTERS_OFF, AdaptersDisabled, adapter_update, is_peft
+from steprl.training.learn.rank_learner import ModelParts, start_rank
 
 
 class LearnerGroupError(UserError):
     """A rank died, hung past its deadline, or could not start: one line, the run stops."""
-
-
-@dataclass(frozen=True)
-class ModelParts:
-    """A model as its class, config and weights: each rank builds it anew (its constructor runs
-    there; an unpickled transformers model misses what its class registers when it is made).
-    `lora`: the peft config of a LoRA policy, whose adapters the rank puts back on its base."""
-
-    cls: type[nn.Module]
-    config: Any
-    weights: dict[str, torch.Tensor]
-    dtype: torch.dtype
-    lora: Any = None
-
-    @staticmethod
-    def of(model: nn.Module) -> ModelParts:
-        hf: Any = model
-        base = hf.get_base_model() if is_peft(model) else model
-        lora = copy.deepcopy(hf.peft_config[ADAPTER]) if is_peft(model) else None
-        weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        dtype = next(base.parameters()).dtype
-        return ModelParts(type(base), copy.deepcopy(base.config), weights, dtype, lora)
-
-    def build(self) -> nn.Module:
-        model: Any = self.cls(self.config).to(self.dtype)
-        if self.lora is not None:  # the same adapters (fp32 over any base), then the exact weights
-            peft = require("peft", extra="lora", feature="model.lora")
-            with warnings.catch_warnings():  # transformers' deprecation notes from inside peft
-                warnings.simplefilter("ignore", FutureWarning)
-                model = peft.get_peft_model(model, copy.deepcopy(self.lora))
-        model.load_state_dict(self.weights)
-        return model.train()
 
 
 class _Rank:
@@ -105,21 +69,9 @@ class _Rank:
         port: int,
         timeout_s: float,
     ) -> None:
-        import torch.distributed as dist  # noqa: PLC0415
-
-        from steprl.training.learn.rank_learner import RankLearner  # noqa: PLC0415
-
-        cuda = str(settings.get("device", "cpu")).startswith("cuda")
-        if cuda:
-            torch.cuda.set_device(0)  # the one GPU Ray made visible to this actor
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"tcp://{addr}:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
+        self.learner = start_rank(
+            model, settings, rank=rank, world=world, init_method=f"tcp://{addr}:{port}", timeout_s=timeout_s
         )
-        self.learner = RankLearner(model.build(), rank=rank, world=world, **settings)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.learner, method)(*args, **kwargs)
@@ -154,6 +106,7 @@ class LearnerGroup:
         timeout_s: float = 300.0,
         gpus_per_rank: float = 0.0,
         mixed_precision: bool = True,
+        cpu_offload: bool = False,
     ) -> None:
         if settings.get("value_head") is not None:
             raise LearnerGroupError(
@@ -164,9 +117,11 @@ class LearnerGroup:
         settings = {**settings, "pack": False}
         if gpus_per_rank > 0:  # each rank its GPU (Ray sets CUDA_VISIBLE_DEVICES), NCCL between them
             settings |= {"device": "cuda", "mixed_precision": mixed_precision}
+        settings["cpu_offload"] = cpu_offload
         if isinstance(settings.get("ref_model"), AdaptersDisabled):  # LoRA's reference: each rank's
             settings["ref_model"] = ADAPTERS_OFF  # own base with the adapters off, not this copy
         self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
+        self._gpus, self._offload = gpus_per_rank, cpu_offload
         self.shapes = {k: v.shape for k, v in model.state_dict().items()}  # what joined shards must be
         # LoRA: what the engines get and a checkpoint holds is the adapters (the trainable tensors)
         self.adapters = (
@@ -210,11 +165,10 @@ class LearnerGroup:
         self.nodes: list[str] = self._wait([a.node.remote() for a in self.actors], "naming its node")
 
     def describe(self) -> str:
-        """One line for the run's log: how many ranks on how many nodes."""
-        return (
-            f"learner: {self.ranks} FSDP2 ranks (gloo) on {len(set(self.nodes))} Ray node(s), "
-            "one CPU and one thread each"
-        )
+        """One line for the run's log: how many ranks on how many nodes, computing on what."""
+        each = f"{self._gpus:g} GPU (NCCL)" if self._gpus > 0 else "one CPU and one thread (gloo)"
+        offload = "; optimizer state in host memory" if self._offload else ""
+        return f"learner: {self.ranks} FSDP2 ranks on {len(set(self.nodes))} Ray node(s), {each} each{offload}"
 
     # ---- calls into the group ----------------------------------------------------------
 

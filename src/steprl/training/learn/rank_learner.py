@@ -26,7 +26,12 @@ shared value head (`algorithm.critic: shared`, refused in one line) and `grad_sh
 
 from __future__ import annotations
 
+import copy
+import os
+import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +45,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from steprl.extras import require
 from steprl.rollout.views import Sample
 from steprl.training.learn import sharded_state
 from steprl.training.learn.batching import local_tensor
 from steprl.training.learn.learner import LocalLearner
-from steprl.training.learn.lora import ADAPTERS_OFF, AdaptersDisabled
+from steprl.training.learn.lora import ADAPTER, ADAPTERS_OFF, AdaptersDisabled, is_peft
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -99,6 +105,59 @@ def lora_linears(model: nn.Module) -> list[nn.Module]:
     ]
 
 
+@dataclass(frozen=True)
+class ModelParts:
+    """A model as its class, config and weights: each rank builds it anew (its constructor runs
+    there; an unpickled transformers model misses what its class registers when it is made).
+    `lora`: the peft config of a LoRA policy, whose adapters the rank puts back on its base."""
+
+    cls: type[nn.Module]
+    config: Any
+    weights: dict[str, torch.Tensor]
+    dtype: torch.dtype
+    lora: Any = None
+
+    @staticmethod
+    def of(model: nn.Module) -> ModelParts:
+        hf: Any = model
+        base = hf.get_base_model() if is_peft(model) else model
+        lora = copy.deepcopy(hf.peft_config[ADAPTER]) if is_peft(model) else None
+        weights = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        dtype = next(base.parameters()).dtype
+        return ModelParts(type(base), copy.deepcopy(base.config), weights, dtype, lora)
+
+    def build(self) -> nn.Module:
+        model: Any = self.cls(self.config).to(self.dtype)
+        if self.lora is not None:  # the same adapters (fp32 over any base), then the exact weights
+            peft = require("peft", extra="lora", feature="model.lora")
+            with warnings.catch_warnings():  # transformers' deprecation notes from inside peft
+                warnings.simplefilter("ignore", FutureWarning)
+                model = peft.get_peft_model(model, copy.deepcopy(self.lora))
+        model.load_state_dict(self.weights)
+        return model.train()
+
+
+def start_rank(
+    parts: ModelParts, settings: dict[str, Any], *, rank: int, world: int, init_method: str, timeout_s: float
+) -> RankLearner:
+    """Join the process group and build this rank's learner: the one way a rank starts, in a Ray
+    actor (`learner_group.py`) or in a process of its own (`benchmarks/learner_gpu_kit.py`, as
+    torchrun would start it). On CUDA the rank computes on its one GPU: the only one visible (Ray
+    sets `CUDA_VISIBLE_DEVICES`), else the one `LOCAL_RANK` names; NCCL joins the ranks."""
+    cuda = str(settings.get("device", "cpu")).startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        settings = {**settings, "device": f"cuda:{torch.cuda.current_device()}"}
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return RankLearner(parts.build(), rank=rank, world=world, **settings)
+
+
 class RankLearner(LocalLearner):
     """`LocalLearner` on this rank's FSDP2 shard and its share of the rows; the process group
     (`torch.distributed`) is initialised before it is made."""
@@ -113,6 +172,10 @@ class RankLearner(LocalLearner):
             policies["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=torch.bfloat16, reduce_dtype=torch.float32
             )
+        if settings.pop("cpu_offload", False):
+            # the shards, their gradients and the optimizer state live in host memory; the GPU
+            # holds a block's gathered weights while it runs, and AdamW steps on the CPU
+            policies["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda")
         # LoRA: each adapter matrix is its own unit, so a block's unit holds only base weights (one
         # dtype, as FSDP2 needs: fp32 adapters over a bf16 base) and only adapters get gradients
         for adapter in lora_linears(model):
@@ -122,7 +185,7 @@ class RankLearner(LocalLearner):
         fully_shard(model, mesh=mesh, **policies)
         if settings.get("ref_model") == ADAPTERS_OFF:
             settings = {**settings, "ref_model": AdaptersDisabled(model)}
-        super().__init__(model, **settings)
+        super().__init__(model, placed=True, **settings)
         self.rank, self.world = rank, world
         self.loss_scale = float(world)
 
@@ -245,4 +308,4 @@ class RankLearner(LocalLearner):
         )
 
 
-__all__ = ["RankLearner", "join_shards", "split_by_tokens", "transformer_blocks"]
+__all__ = ["ModelParts", "RankLearner", "join_shards", "split_by_tokens", "start_rank", "transformer_blocks"]

@@ -61,6 +61,7 @@ RESUMABLE_CHANGES = frozenset(
         "runtime.learner_placement",
         "runtime.learner_timeout_s",
         "runtime.learner_gpus_per_rank",
+        "runtime.learner_cpu_offload",
     }
 )
 

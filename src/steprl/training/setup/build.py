@@ -226,9 +226,11 @@ def build(
 
 def _refuse_combinations(cfg: Config, run: env_setup.RunEnvs) -> None:
     """What the parts cannot do together: one line each, before the model loads."""
-    if cfg.runtime.learner_gpus_per_rank > 0 and cfg.runtime.learner_ranks == 1:
+    rt = cfg.runtime
+    if (rt.learner_gpus_per_rank > 0 or rt.learner_cpu_offload) and rt.learner_ranks == 1:
+        what = "learner_gpus_per_rank" if rt.learner_gpus_per_rank > 0 else "learner_cpu_offload"
         raise UserError(
-            "runtime.learner_gpus_per_rank places learner ranks (runtime.learner_ranks > 1); the "
+            f"runtime.{what} is a setting of learner ranks (runtime.learner_ranks > 1); the "
             "one-process learner computes on model.device (e.g. model.device=cuda)"
         )
     if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
@@ -303,6 +305,7 @@ def _make_learner(
         timeout_s=rt.learner_timeout_s,
         gpus_per_rank=rt.learner_gpus_per_rank,
         mixed_precision=rt.learner_mixed_precision,
+        cpu_offload=rt.learner_cpu_offload,
     )
     log(group.describe())
     return group
