@@ -31,3 +31,20 @@ for name in ("r2to2","r2to1","r1to2"):
     wrel=max(float((w[k]-wb[k]).abs().max()/wb[k].abs().max()) for k in wb)
     print(name, "steps", len(rr), "metrics", "bit-identical" if same else f"max rel {rel:.2e}", "| weights", "bit-identical" if wrel==0 else f"max rel {wrel:.2e}")
 PY
+# 2 ranks -> 4 ranks: 4 one-CPU ranks need a Ray cluster that offers 4 CPUs (here: one head that
+# claims 4 on 2 cores). `ray stop` ends every Ray process of this user: run nothing else on Ray.
+if [ "${WITH_FOUR:-0}" = 1 ]; then
+  $T $S --set run.name=r2to4 --set trainer.total_steps=2 --set runtime.learner_ranks=2 > $O/r2to4.log 2>&1
+  .venv/bin/ray start --head --port=6393 --num-cpus=4 --include-dashboard=false > $O/ray.log 2>&1
+  RAY_ADDRESS=127.0.0.1:6393 .venv/bin/steprl train --resume $O/r2to4 --set trainer.total_steps=4 \
+    --set runtime.learner_ranks=4 >> $O/r2to4.log 2>&1
+  .venv/bin/ray stop >> $O/ray.log 2>&1
+  .venv/bin/python - "$O" <<'PY'
+import json, sys
+O = sys.argv[1]
+keys = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/approx_kl")
+def rows(n): return [r for r in map(json.loads, open(f"{O}/{n}/metrics.jsonl")) if "actor/grad_norm" in r]
+for name in ("straight2", "r2to4"):
+    print(name, [{k: round(r[k], 6) for k in keys} | {"step": r.get("step")} for r in rows(name)])
+PY
+fi

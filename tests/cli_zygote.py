@@ -145,6 +145,8 @@ class _Server:
         if self.alive():
             self.proc.kill()
             self.proc.wait()
+        if not os.path.isdir(self.dir):  # closed already (a reset, then the exit hook)
+            return
         for name in os.listdir(self.dir):
             os.unlink(os.path.join(self.dir, name))
         os.rmdir(self.dir)

@@ -74,6 +74,8 @@ def test_staleness_2_stays_bounded_and_trains_every_task_once(tmp_path, runtime)
     assert max(m["staleness/traj_max"] for m in result.history) >= 1  # it did run ahead
     assert sum(m["async/version_errors"] for m in result.history) == 0
     assert max(m["async/versions_spanned_max"] for m in result.history) >= 2  # partial rollouts
+    # each sync checked beside the episodes in flight: the probe within 1e-6 of the learner (fp32)
+    assert max(m["weights/probe_gap"] for m in result.history) <= 1e-6
     _exactly_once(result.run_dir, 5)
 
 

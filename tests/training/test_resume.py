@@ -47,7 +47,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _no_time(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and not k.endswith("_s")} for r in rows]
 
 
 def _equal(a: object, b: object, where: str = "") -> None:

@@ -312,3 +312,8 @@ class RuntimeSection(Section):
     # the ranks' weight shards, gradients and AdamW state in host memory, AdamW stepping on the CPU
     # (FSDP2's CPUOffloadPolicy): a model whose optimizer state does not fit the GPUs
     learner_cpu_offload: bool = False
+    # after every weight sync each engine answers a fixed probe and its log-probs are checked
+    # against the learner's (weights/probe_gap); beyond the bound the run stops in one line
+    weight_probe: bool = True
+    weight_probe_bound: float | None = Field(None, gt=0)  # None: 1e-4 in fp32, 5e-2 in bf16
+    weight_sync_timeout_s: float = Field(300.0, gt=0)  # deadline of one sync on each engine

@@ -42,7 +42,7 @@ import torch
 from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.lora_merge import LoraMerger
 from steprl.engines.transports.files import SafetensorsFiles
-from steprl.engines.weights import AnyUpdate, WeightUpdate, load_update
+from steprl.engines.weights import AnyUpdate, WeightSyncError, WeightUpdate, load_update
 from steprl.errors import UserError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -63,7 +63,9 @@ class VLLMEngine:
         seed: int = 0,
         start_timeout_s: float = 900.0,
         kv_cache_gib: int = 1,
+        sync_timeout_s: float = 600.0,
     ) -> None:
+        self.sync_timeout_s = sync_timeout_s  # the deadline of one weight update
         if not Path(python).is_file():
             raise VLLMStartError(
                 f"rollout.engine=vllm: no python at {python!r} (rollout.vllm_python); build the vLLM venv "
@@ -225,10 +227,14 @@ class VLLMEngine:
         handle = files.send(WeightUpdate.of_tensors(self.model.state_dict(), version))
         self._loaded.clear()
         self._post({"op": "weights", "paths": list(handle.paths), "version": version})
-        self._loaded.wait(600)  # set by the worker's answer, or by its death
+        loaded = self._loaded.wait(self.sync_timeout_s)  # set by the worker's answer, or by its death
         files.release(handle)
         if self._dead:
             raise RuntimeError(self._dead)
+        if not loaded:  # never serve on as if it held the new weights
+            raise WeightSyncError(
+                f"the vLLM worker did not load version {version} within {self.sync_timeout_s:.0f} s"
+            )
         self._version = version
 
     def reset_scheduler(self) -> None:

@@ -51,6 +51,25 @@ def main() -> None:
         raise
 
 
+def checked(load_file: Any, path: str) -> dict[str, Any]:
+    """A bucket file's tensors, each checked against the CRC-32 the sender wrote in the file's
+    metadata (`steprl.engines.weights.checksum`, restated: this script runs without steprl)."""
+    import json
+    import zlib
+
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        sums = json.loads((f.metadata() or {}).get("checksums", "{}"))
+    tensors = load_file(path)
+    for name, expected in sums.items():
+        flat = tensors[name].contiguous().reshape(-1)
+        if (zlib.crc32(flat.view(torch.uint8).numpy()) if flat.numel() else 0) != expected:
+            raise ValueError(f"{path}: {name} changed in flight (its checksum differs from the sender's)")
+    return tensors
+
+
 def serve(conn: Any, args: argparse.Namespace) -> None:
     import torch
     from safetensors.torch import load_file
@@ -114,7 +133,7 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
                 # vLLM's in-place reload: checkpoint-format weights (Hugging Face names), repacked
                 # into the kernels' layout as at load (the CPU backend repacks its linear layers)
                 # one bucket file in memory at a time, in order (engines/transports/files.py)
-                weights = (kv for path in msg["paths"] for kv in load_file(path).items())
+                weights = (kv for path in msg["paths"] for kv in checked(load_file, path).items())
                 llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
                 version = int(msg["version"])
                 conn.send({"op": "loaded", "version": version})

@@ -32,12 +32,12 @@ from typing import Any, Literal
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from steprl.engines.base import SamplingParams
+from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.hf import EngineSettings, HFEngine
 from steprl.engines.transports.ray_store import RayHandle, RayObjectStore
-from steprl.engines.weights import AnyUpdate, as_update
+from steprl.engines.weights import AnyUpdate, WeightSyncError, as_update
 from steprl.envs.base import Env
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
@@ -140,6 +140,10 @@ class RolloutWorker:
         self.engine.update_weights(update, version)
         return True
 
+    async def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """The weight-sync probe (`training/loop/sync_check.py`), on this worker's engine."""
+        return await self.engine.generate(prompt_ids, sampling, seed=0)
+
     async def load_snapshots(self, state: Mapping[str, Any]) -> None:
         """A resume's cross-policy snapshots (`HFEngine.load_snapshots`)."""
         self.engine.load_snapshots(state)
@@ -191,6 +195,7 @@ class RayRolloutPool:
         torch_threads: int | None = None,
         rollout_timeout_s: float | None = None,
         start_timeout_s: float = 300.0,
+        sync_timeout_s: float = 300.0,
     ) -> None:
         """`model` is copied into each worker (pickled once into the object store); each
         worker's engine has the run's `engine_settings`, as the in-process engine does.
@@ -224,7 +229,7 @@ class RayRolloutPool:
             "engine_settings": engine_settings,
             "torch_threads": torch_threads or max(1, int(cpus_per_worker)),
         }
-        self._start_timeout_s = start_timeout_s
+        self._start_timeout_s, self._sync_timeout_s = start_timeout_s, sync_timeout_s
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
         self._workers = [self._spawn(k) for k in range(num_workers)]
         try:  # fail here, once, rather than as infra failures every step
@@ -320,13 +325,30 @@ class RayRolloutPool:
         for w in self._workers:
             ray.kill(w, no_restart=True)
 
-    def _broadcast(self, method: str, args: Callable[[int], tuple[Any, ...]]) -> None:
+    def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
+        """Each worker's answer to the weight-sync probe; a worker that dies or passes the sync
+        deadline is replaced (it starts with the current weights) and gives no answer."""
+        answers = self._broadcast("probe", lambda k: (list(prompt_ids), sampling))
+        return {f"rollout worker {k}": gen for k, gen in answers.items()}
+
+    def _broadcast(self, method: str, args: Callable[[int], tuple[Any, ...]]) -> dict[int, Any]:
+        """`method` on every worker, each answer within the sync deadline. A worker that dies or
+        hangs is rebuilt with the current weights; a weight bucket refused in flight (its
+        checksum, its order) stops the run: re-sending the same objects cannot mend it."""
         refs = [getattr(w, method).remote(*args(k)) for k, w in enumerate(self._workers)]
+        deadline = time.monotonic() + self._sync_timeout_s
+        answers = {}
         for k, ref in enumerate(refs):
             try:
-                ray.get(ref)
-            except RayError as exc:  # a dead worker is rebuilt with the current weights
+                answers[k] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, WeightSyncError):
+                    raise WeightSyncError(f"rollout worker {k}: {cause}") from None
                 self._replace(k, type(exc).__name__)
+            except (GetTimeoutError, RayError) as exc:  # dead, or past the deadline: rebuilt
+                self._replace(k, type(exc).__name__)
+        return answers
 
     def _spawn(self, index: int) -> Any:
         worker: Any = _RolloutWorkerActor.options(**self._options).remote(

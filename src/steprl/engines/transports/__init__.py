@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,8 +51,9 @@ WEIGHT_SYNC: Registry[Callable[[Path], Transport]] = Registry(
 
 def check_weight_sync(transport: Transport, sender: torch.nn.Module, receiver: torch.nn.Module) -> int:
     """`receiver` ends bit-identical to `sender` through `transport` (in buckets small enough
-    that there are several), and a stream with a bucket lost, or two swapped, is refused with
-    a `WeightSyncError`. Returns how many buckets the update took."""
+    that there are several), and a stream with a bucket lost, or two swapped, or (a transport
+    that copies the bytes) one byte changed, is refused with a `WeightSyncError`. Returns how
+    many buckets the update took."""
     own = sender.state_dict()
     smallest = min(t.numel() * t.element_size() for t in own.values())
     update = WeightUpdate.of_tensors(own, version=7, bucket_bytes=max(smallest, 1))
@@ -65,11 +67,15 @@ def check_weight_sync(transport: Transport, sender: torch.nn.Module, receiver: t
             assert torch.equal(theirs[name], tensor), f"{name} differs after the transport"
         buckets = list(transport.receive(handle).produce())
         assert len(buckets) >= 3, f"{len(buckets)} buckets: too few to lose one in the middle"
-        for broken, why in (
+        broken_streams = [
             ([buckets[0], *buckets[2:]], "lost"),
             ([buckets[1], buckets[0], *buckets[2:]], "swapped"),
             (buckets[:-1], "the last lost"),
-        ):
+        ]
+        if handle is not update:  # the bytes were copied: each bucket must carry its checksums
+            assert all(b.checksums for b in buckets), "a transport that copies must seal its buckets"
+            broken_streams.append(([buckets[0], _flipped(buckets[1]), *buckets[2:]], "changed in flight"))
+        for broken, why in broken_streams:
             try:
                 load_in_place(receiver, _replay(got, broken))
             except WeightSyncError:
@@ -78,6 +84,14 @@ def check_weight_sync(transport: Transport, sender: torch.nn.Module, receiver: t
         return len(buckets)
     finally:
         transport.release(handle)
+
+
+def _flipped(bucket: Bucket) -> Bucket:
+    """`bucket` with one byte of its first tensor changed, its checksums kept."""
+    name, tensor = next(iter(bucket.tensors.items()))
+    raw = tensor.detach().clone().contiguous()
+    raw.view(torch.uint8).reshape(-1)[0] ^= 1
+    return replace(bucket, tensors={**bucket.tensors, name: raw})
 
 
 def _replay(update: WeightUpdate, buckets: list[Bucket]) -> WeightUpdate:

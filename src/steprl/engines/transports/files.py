@@ -1,16 +1,18 @@
-"""Files: each bucket a safetensors file in a directory (its version, index and count in the
-file's metadata), read back in order; for an engine in a process that shares a file system but
-not memory (the vLLM worker, `engines/vllm_worker.py`, which reads the same files itself). A
-LoRA adapter travels merged by the sender (the vLLM engine merges into its plain copy first)."""
+"""Files: each bucket a safetensors file in a directory (its version, index, count and each
+tensor's checksum in the file's metadata), read back in order and checked; for an engine in a
+process that shares a file system but not memory (the vLLM worker, `engines/vllm_worker.py`,
+which reads the same files itself and checks the same checksums). A LoRA adapter travels
+merged by the sender (the vLLM engine merges into its plain copy first)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate
+from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, checksum
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,13 @@ class SafetensorsFiles:
         for b in update.buckets():
             path = self.directory / f"weights-{b.version}-{b.index:05d}.safetensors"
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in b.tensors.items()}
-            meta = {"version": str(b.version), "index": str(b.index), "count": str(b.count)}
+            sums = json.dumps({k: checksum(v) for k, v in tensors.items()})
+            meta = {
+                "version": str(b.version),
+                "index": str(b.index),
+                "count": str(b.count),
+                "checksums": sums,
+            }
             save_file(_unshared(tensors), path, metadata=meta)
             paths.append(str(path))
         return FileHandle(update.version, update.names, tuple(paths))
@@ -61,7 +69,7 @@ def read_bucket(path: Path) -> Bucket:
         version, index, count = int(meta["version"]), int(meta["index"]), int(meta["count"])
     except (KeyError, ValueError):
         raise WeightSyncError(f"{path}: not a weight bucket (no version, index and count)") from None
-    return Bucket(version, index, count, load_file(str(path)))
+    return Bucket(version, index, count, load_file(str(path)), json.loads(meta.get("checksums", "{}")))
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

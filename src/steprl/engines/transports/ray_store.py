@@ -1,5 +1,6 @@
 """Ray's object store: each bucket `ray.put` once (on CPU), the handle a list of references
-that Ray rollout workers read in order, one bucket in memory at a time. Nothing is pickled
+that Ray rollout workers read in order, one bucket in memory at a time, each sealed with its
+tensors' checksums (checked by every reader). Nothing is pickled
 twice: a worker rebuilt later reads the same objects (`RayRolloutPool` keeps the handles its
 replay needs, and releases them when they leave it)."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from steprl.engines.weights import Bucket, WeightUpdate
+from steprl.engines.weights import Bucket, WeightUpdate, seal
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class RayObjectStore:
         if update.adapter is not None:
             return RayHandle(update.version, (), (), ray.put(update.adapter.to("cpu")))
         refs = tuple(
-            ray.put(Bucket(b.version, b.index, b.count, {k: v.detach().cpu() for k, v in b.tensors.items()}))
+            ray.put(
+                seal(Bucket(b.version, b.index, b.count, {k: v.detach().cpu() for k, v in b.tensors.items()}))
+            )
             for b in update.buckets()
         )
         return RayHandle(update.version, update.names, refs)

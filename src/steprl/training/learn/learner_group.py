@@ -168,7 +168,9 @@ class LearnerGroup:
         """One line for the run's log: how many ranks on how many nodes, computing on what."""
         each = f"{self._gpus:g} GPU (NCCL)" if self._gpus > 0 else "one CPU and one thread (gloo)"
         offload = "; optimizer state in host memory" if self._offload else ""
-        return f"learner: {self.ranks} FSDP2 ranks on {len(set(self.nodes))} Ray node(s), {each} each{offload}"
+        return (
+            f"learner: {self.ranks} FSDP2 ranks on {len(set(self.nodes))} Ray node(s), {each} each{offload}"
+        )
 
     # ---- calls into the group ----------------------------------------------------------
 

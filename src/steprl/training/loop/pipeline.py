@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from steprl.diagnostics.metrics import is_success
+from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.weights import WeightUpdate
 from steprl.training.sources import TaskSource
 from steprl.types import Group, Task
@@ -66,6 +67,11 @@ class Producer(Protocol):
 
     def publish(self, weights: WeightUpdate, version: int) -> None:
         """New weights for every engine copy; episodes in flight continue on them."""
+        ...
+
+    def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
+        """Each engine copy's answer to the weight-sync probe, by a name for the one-line error
+        (`sync_check.py`); a copy that died and was replaced may be missing."""
         ...
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -18,6 +18,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.hf import HFEngine
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.loop import RolloutSetup, failed_group, rollout_groups
@@ -67,6 +68,10 @@ class LocalProducer:
 
         self.run(apply())
 
+    def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
+        """The engine's answer to the weight-sync probe, beside the episodes in flight."""
+        return {"the engine": self.run(self.engine.generate(prompt_ids, sampling, seed=0))}
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
@@ -112,6 +117,11 @@ class RayProducer:
     def publish(self, weights: WeightUpdate, version: int) -> None:
         self.engine.update_weights(weights, version=version)  # the trainer's copy: evaluation
         self.pool.sync_weights(weights, version=version)
+
+    def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
+        """The trainer's evaluation copy's and every rollout worker's answer to the probe."""
+        own = asyncio.run(self.engine.generate(prompt_ids, sampling, seed=0))
+        return {"the trainer's engine": own, **self.pool.probe(prompt_ids, sampling)}
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)  # evaluation runs on the trainer's own engine

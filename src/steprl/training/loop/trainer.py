@@ -52,7 +52,7 @@ from steprl.hosting.pool import EnvPool
 from steprl.report import write_report
 from steprl.training.controllers import Adjustments, StepReport
 from steprl.training.learn.guards import FirstFailures, failure_metrics
-from steprl.training.loop import levers, resume, run_lock
+from steprl.training.loop import levers, resume, run_lock, sync_check
 from steprl.training.loop.cross_policy import ratio_metrics
 from steprl.training.loop.held_out import Evaluator, log_warm_start
 from steprl.training.loop.pipeline import Pipeline, describe_pending
@@ -136,6 +136,7 @@ def _train(
         resumed=plan.resume_from is not None,
         saved_step=state.step if plan.resume_from is not None else -1,
         last_eval=last_eval,
+        probe=sync_check.probe_for(cfg, parts.policy.tokenizer),
     )  # fmt: skip
     levers.apply("start", run, state.step)
 
@@ -205,6 +206,7 @@ class _Run:
     stopped: tuple[str, Path | None] | None = None  # a controller's stop: why, the checkpoint before it
     rolled_back: str = ""  # what a rollback at this step restored (its firings' outcome says)
     history: list[dict[str, float]] = field(default_factory=list)
+    probe: sync_check.SyncProbe | None = None  # each weight sync's check (runtime.weight_probe)
 
 
 def _one_step(run: _Run, progress: TrainingProgress) -> bool:
@@ -215,12 +217,17 @@ def _one_step(run: _Run, progress: TrainingProgress) -> bool:
     try:
         run.state, metrics, trajectories, (advantages, step_credit) = run_step(
             cfg, parts, pipeline, run.state, run.shuffle_rng, run.log, reward_kl_coef=run.reward_kl_coef,
-            group_filter=run.group_filter, waiting=run.stop.interruptible,
+            group_filter=run.group_filter, waiting=run.stop.interruptible, probe=run.probe,
         )  # fmt: skip
     except StopRequested:  # while rollouts ran: their tasks run again on resume
         if run.state.step == 0 and not run.resumed:
             raise  # nothing trained yet: no checkpoint to resume from
         return False
+    except sync_check.WeightProbeError as exc:  # the engines do not hold what the learner does
+        last = resume.latest_checkpoint(run.run_dir)
+        raise sync_check.WeightProbeError(
+            f"{exc}; the last good checkpoint is {last or 'none yet'}"
+        ) from None
     step = run.state.step
     run.evaluate.first_failures(trajectories, f"step {step}")
     every = cfg.trainer.eval_every
@@ -328,13 +335,15 @@ def run_step(
     reward_kl_coef: float | None = None,
     group_filter: Callable[..., torch.Tensor] | None = None,
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+    probe: sync_check.SyncProbe | None = None,
 ) -> tuple[TrainState, dict[str, float], list[Trajectory], Saved]:
     """One RL step: take and filter groups, make the batch, update, publish the weights.
     Returns the new state, the step's metrics, its rollouts and, parallel to them, the
     advantages each was trained with (None: not trained on) and its learned step rewards (None:
     not scored; None for all without `algorithm.step_reward`). `reward_kl_coef` and
     `group_filter`: the step's, as the levers set them (default: the configured ones).
-    `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once)."""
+    `waiting` wraps the wait for the step's groups (the trainer's: a signal ends it at once).
+    `probe`: each sync's check that the engines compute what the learner does (`sync_check.py`)."""
     t0 = time.perf_counter()
     step = state.step + 1
     algo = cfg.algorithm
@@ -383,8 +392,8 @@ def run_step(
     if parts.step_credit is not None and batch.credit is not None:  # fitted on the groups it just scored
         stats |= parts.step_credit.fit(batch.credit[0], step)
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
-    if batch.rows:
-        pipeline.publish(parts.learner.weights(version), version)
+    if batch.rows:  # the new weights to every engine, each checked against the learner
+        stats |= sync_check.publish(pipeline, parts.learner, probe, version)
     state = TrainState(
         step=step,
         policy_version=version,

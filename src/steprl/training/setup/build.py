@@ -377,6 +377,7 @@ def _rollout_workers(
         budgets=budgets(cfg),
         engine_settings=engine_settings(cfg),
         torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
+        sync_timeout_s=cfg.runtime.weight_sync_timeout_s,
     )
     cleanup.callback(remote.close)
     if is_peft(policy.model):
