@@ -35,7 +35,9 @@ PY
 # claims 4 on 2 cores). `ray stop` ends every Ray process of this user: run nothing else on Ray.
 if [ "${WITH_FOUR:-0}" = 1 ]; then
   $T $S --set run.name=r2to4 --set trainer.total_steps=2 --set runtime.learner_ranks=2 > $O/r2to4.log 2>&1
-  .venv/bin/ray start --head --port=6393 --num-cpus=4 --include-dashboard=false > $O/ray.log 2>&1
+  export RAY_AUTH_MODE=token                       # a started cluster asks its clients for a token
+  .venv/bin/ray get-auth-token --generate > $O/ray.log 2>&1
+  .venv/bin/ray start --head --port=6393 --num-cpus=4 --include-dashboard=false >> $O/ray.log 2>&1
   RAY_ADDRESS=127.0.0.1:6393 .venv/bin/steprl train --resume $O/r2to4 --set trainer.total_steps=4 \
     --set runtime.learner_ranks=4 >> $O/r2to4.log 2>&1
   .venv/bin/ray stop >> $O/ray.log 2>&1
