@@ -140,7 +140,7 @@ def test_new_weights_take_effect_even_mid_request(engine: VLLMEngine, model: tor
     after = _generate(engine, PROMPTS[1:2], SamplingParams(max_new_tokens=16), [3])[0]
     ref = _learner_logprobs(updated, PROMPTS[1], after, 1.0)
     assert (ref - torch.tensor(after.logprobs)).abs().max().item() < 1e-4
-    # LoRA: adapters merged into the engine's plain copy, then pushed whole
+    # LoRA without lora_rank (rollout.vllm_lora=merged): merged into the plain copy, pushed whole
     spec = SimpleNamespace(r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
     peft = apply_lora(copy.deepcopy(updated), spec)
     with torch.no_grad():
@@ -152,6 +152,56 @@ def test_new_weights_take_effect_even_mid_request(engine: VLLMEngine, model: tor
     ref = _learner_logprobs(peft.eval(), PROMPTS[2], lora_gen, 1.0)
     assert (ref - torch.tensor(lora_gen.logprobs)).abs().max().item() < 1e-4
     engine.update_weights(model.state_dict(), version=engine.version + 1)  # as the module began
+
+
+def test_lora_goes_as_the_adapter_alone_and_a_request_keeps_its_adapter(
+    model: torch.nn.Module, tokenizer: Any
+) -> None:
+    """`lora_rank` > 0: each version is the adapter alone (vLLM's LoRA), its bytes the adapter's;
+    its log-probs are the PEFT model's (1e-4); a request in flight finishes on the adapter it
+    started with, its tokens carrying that version."""
+    spec = SimpleNamespace(r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"])
+    g = torch.Generator().manual_seed(2)
+
+    def adapters() -> torch.nn.Module:
+        peft = apply_lora(copy.deepcopy(model), spec)
+        with torch.no_grad():
+            for p in peft.parameters():
+                if p.requires_grad:
+                    p.copy_(0.2 * torch.randn(p.shape, generator=g))
+        return peft.eval()
+
+    engine = VLLMEngine(
+        copy.deepcopy(model), tokenizer, python=str(vllm_python()), max_model_len=512, seed=0, lora_rank=4
+    )
+    try:
+        first, second = adapters(), adapters()
+        update = adapter_update(first)
+        engine.update_weights(update, version=1)
+        written = next((engine.workdir / "adapters").iterdir()) / "adapter_model.safetensors"
+        assert update.nbytes() <= written.stat().st_size < update.nbytes() + 2**16  # the adapter, no base
+        gen = _generate(engine, PROMPTS[1:2], SamplingParams(max_new_tokens=16), [4])[0]
+        ref = _learner_logprobs(first, PROMPTS[1], gen, 1.0)
+        assert (ref - torch.tensor(gen.logprobs)).abs().max().item() < 1e-4
+
+        async def update_mid_request() -> Generation:
+            task = asyncio.ensure_future(
+                engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=200), seed=5)
+            )
+            await engine.generate(PROMPTS[3], SamplingParams(max_new_tokens=4), seed=6)
+            engine.update_weights(adapter_update(second), version=2)
+            return await task
+
+        long = asyncio.run(update_mid_request())
+        assert long.versions == () and engine.version == 2  # one version throughout: its adapter's
+        assert (
+            _learner_logprobs(first, PROMPTS[0], long, 1.0) - torch.tensor(long.logprobs)
+        ).abs().max() < 1e-4
+        after = _generate(engine, PROMPTS[2:3], SamplingParams(max_new_tokens=16), [3])[0]
+        ref = _learner_logprobs(second, PROMPTS[2], after, 1.0)
+        assert (ref - torch.tensor(after.logprobs)).abs().max().item() < 1e-4
+    finally:
+        engine.close()
 
 
 def test_a_request_vllm_refuses_fails_alone(engine: VLLMEngine) -> None:

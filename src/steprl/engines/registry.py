@@ -35,6 +35,8 @@ class EngineArgs:
     device: str = "cpu"
     max_positions: int = 2048  # prompt + completion, at most (an engine may hold fewer)
     vllm_python: str = ".venv-vllm/bin/python"  # rollout.vllm_python
+    lora_rank: int = 0  # a LoRA run's rank, for an engine that takes adapters alone (0: merged)
+    weight_sync: str = "socket"  # rollout.vllm_weight_sync
 
 
 def _hf(args: EngineArgs) -> ServingEngine:
@@ -58,6 +60,8 @@ def _vllm(args: EngineArgs) -> ServingEngine:
         python=args.vllm_python,
         max_model_len=args.max_positions,
         seed=args.settings.seed if args.settings is not None else 0,
+        lora_rank=args.lora_rank,
+        weight_sync=args.weight_sync,
     )
     return engine
 

@@ -11,10 +11,14 @@ sampled ids and their log-probs out, as `HFEngine` gives them:
 * per-request seeds (vLLM's per-request generators); stop ids kept in the output; multi-token
   stop sequences matched on the ids;
 * weights: the engine keeps a plain copy of the model (`self.model`); a full state dict is loaded
-  into it, a LoRA `AdapterUpdate` merged into it (W0 + scaling * B @ A, as `HFEngine` does),
-  and the result written as safetensors and loaded into the running vLLM model between two
-  decode steps: requests in flight go on with the new weights, every token records the version
-  that sampled it (partial rollouts, as `HFEngine`).
+  into it and streamed to the worker over the socket in buckets (`WEIGHT_SYNC["socket"]`; or
+  written as safetensors files, `weight_sync="files"`), loaded into the running vLLM model
+  between two decode steps: requests in flight go on with the new weights, every token records
+  the version that sampled it (partial rollouts, as `HFEngine`);
+* LoRA (`lora_rank` > 0): each `AdapterUpdate` goes as the adapter alone, a PEFT directory vLLM
+  loads as the adapter of every new request (a few MB, where the merged weights are the whole
+  model); a request in flight finishes on its adapter. `lora_rank=0` merges adapters into the
+  plain copy (W0 + scaling * B @ A, as `HFEngine` does) and sends the full weights: the fallback.
 
 The worker's output goes to `<workdir>/vllm.log`; a worker that fails to start is one line with
 the log's tail (`VLLMStartError`).
@@ -32,7 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
@@ -40,12 +44,16 @@ from typing import Any
 import torch
 
 from steprl.engines.base import Generation, SamplingParams
-from steprl.engines.lora_merge import LoraMerger
+from steprl.engines.lora_merge import AdapterUpdate, LoraMerger
+from steprl.engines.transports import socket_stream
 from steprl.engines.transports.files import SafetensorsFiles
-from steprl.engines.weights import AnyUpdate, WeightSyncError, WeightUpdate, load_update
+from steprl.engines.transports.socket_stream import Message
+from steprl.engines.weights import AnyUpdate, WeightSyncError, WeightUpdate, as_update, checksum, load_update
 from steprl.errors import UserError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
+#: the adapter ranks vLLM allocates slots for (`max_lora_rank`)
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class VLLMStartError(UserError):
@@ -64,8 +72,13 @@ class VLLMEngine:
         start_timeout_s: float = 900.0,
         kv_cache_gib: int = 1,
         sync_timeout_s: float = 600.0,
+        lora_rank: int = 0,
+        weight_sync: str = "socket",
     ) -> None:
         self.sync_timeout_s = sync_timeout_s  # the deadline of one weight update
+        self.lora_rank, self.weight_sync = lora_rank, weight_sync
+        if weight_sync not in ("socket", "files"):
+            raise ValueError(f"weight_sync={weight_sync!r}: socket or files")
         if not Path(python).is_file():
             raise VLLMStartError(
                 f"rollout.engine=vllm: no python at {python!r} (rollout.vllm_python); build the vLLM venv "
@@ -104,9 +117,19 @@ class VLLMEngine:
         env.pop("PYTHONPATH", None)  # steprl's packages must not shadow the venv's
         self._log = open(self.workdir / "vllm.log", "wb")  # noqa: SIM115  (kept open for the worker)
         where = self.workdir
-        command = [python, str(WORKER), "--model", str(where / "model"), "--address", str(where / "sock")]
+        # absolute, not resolved: the worker runs in its own directory, and a venv's python is a link
+        command = [
+            os.path.abspath(python),
+            str(WORKER),
+            "--model",
+            str(where / "model"),
+            "--address",
+            str(where / "sock"),
+        ]
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # the engine copy's (engine_dtype)
         command += ["--max-model-len", str(max_model_len), "--seed", str(seed), "--dtype", dtype]
+        if lora_rank:  # vLLM's adapter slots take ranks from a fixed list: the next one up
+            command += ["--max-lora-rank", str(next(r for r in LORA_RANKS if r >= lora_rank))]
         self.proc = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=where)
         try:
             self.conn = self._start(listener, time.monotonic() + start_timeout_s)
@@ -218,20 +241,51 @@ class VLLMEngine:
         )
 
     def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
-        """New weights into the plain copy (a full state dict, or LoRA adapters merged), then into
-        the running vLLM model between two decode steps; returns once vLLM holds them."""
-        self._lora = load_update(self.model, state_dict, self._lora)
-        # the merged plain copy to the worker as bucket files (`WEIGHT_SYNC["files"]`), which
-        # it reads one at a time into vLLM's in-place reload
-        files = SafetensorsFiles(self.workdir)
-        handle = files.send(WeightUpdate.of_tensors(self.model.state_dict(), version))
+        """New weights for the running vLLM model, loaded between two decode steps; returns once
+        vLLM holds them. A LoRA run's adapter goes alone; anything else becomes the plain copy
+        (a full state dict, or adapters merged) and goes whole, in buckets."""
+        update = as_update(state_dict, version)
+        if update.adapter is not None and self.lora_rank:
+            path = write_adapter(update.adapter, self.workdir / "adapters" / f"v{version}")
+            self._sync(version, [{"op": "adapter", "path": str(path), "version": version}])
+            for old in (self.workdir / "adapters").iterdir():  # vLLM holds the adapters it loaded
+                if old != path:
+                    shutil.rmtree(old, ignore_errors=True)
+            return
+        self._lora = load_update(self.model, update, self._lora)
+        full = WeightUpdate.of_tensors(self.model.state_dict(), version)
+        if self.weight_sync == "files":  # each bucket a file the worker reads in turn
+            files = SafetensorsFiles(self.workdir)
+            handle = files.send(full)
+            try:
+                self._sync(version, [{"op": "weights", "paths": list(handle.paths), "version": version}])
+            finally:
+                files.release(handle)
+            return
+        # each bucket streamed over the socket as it is produced (one in memory at a time)
+        head: list[Message] = [{"op": "weights_stream", "version": version}]
+        self._sync(version, itertools.chain(head, socket_stream.chain(full), [{"op": "end"}]))
+
+    def _sync(self, version: int, messages: Iterable[Message]) -> None:
+        """Send one sync's messages in a row (no request between them) and wait for the worker to
+        load them, within the deadline: a worker that dies or passes it is one error, never an
+        engine that serves on as if it held the new weights."""
         self._loaded.clear()
-        self._post({"op": "weights", "paths": list(handle.paths), "version": version})
-        loaded = self._loaded.wait(self.sync_timeout_s)  # set by the worker's answer, or by its death
-        files.release(handle)
         if self._dead:
             raise RuntimeError(self._dead)
-        if not loaded:  # never serve on as if it held the new weights
+        try:
+            with self._send:
+                for msg in messages:  # a header (pickled), or a tensor's raw bytes
+                    if isinstance(msg, dict):
+                        self.conn.send(msg)
+                    else:
+                        self.conn.send_bytes(msg)
+        except OSError as exc:
+            self._fail(f"the vLLM worker is gone ({type(exc).__name__})")
+        loaded = self._loaded.wait(self.sync_timeout_s)  # set by the worker's answer, or by its death
+        if self._dead:
+            raise RuntimeError(self._dead)
+        if not loaded:
             raise WeightSyncError(
                 f"the vLLM worker did not load version {version} within {self.sync_timeout_s:.0f} s"
             )
@@ -272,6 +326,43 @@ class VLLMEngine:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def write_adapter(adapter: AdapterUpdate, directory: Path) -> Path:
+    """`adapter` as a PEFT adapter directory (what vLLM loads): `adapter_model.safetensors` (each
+    tensor's checksum in its metadata, checked by the worker) and `adapter_config.json`. One rank
+    and one scaling for every module, as `model.lora` makes them."""
+    import json
+
+    from safetensors.torch import save_file
+
+    ranks = {d.a.shape[0] for d in adapter.deltas}
+    scalings = {d.scaling for d in adapter.deltas}
+    if len(ranks) != 1 or len(scalings) != 1:
+        raise WeightSyncError(
+            f"adapters of ranks {sorted(ranks)} and scalings {sorted(scalings)}: one of each"
+        )
+    r, scaling = ranks.pop(), scalings.pop()
+    tensors = {}
+    for d in adapter.deltas:
+        tensors[f"base_model.model.{d.module}.lora_A.weight"] = d.a.detach().to("cpu").contiguous()
+        tensors[f"base_model.model.{d.module}.lora_B.weight"] = d.b.detach().to("cpu").contiguous()
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": r,
+        "lora_alpha": scaling * r,  # PEFT's scaling is lora_alpha / r
+        "target_modules": sorted({d.module.rsplit(".", 1)[-1] for d in adapter.deltas}),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "base_model_name_or_path": None,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    sums = json.dumps({k: checksum(v) for k, v in tensors.items()})
+    save_file(tensors, directory / "adapter_model.safetensors", metadata={"checksums": sums})
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    return directory
+
+
 def _deliver(
     loop: asyncio.AbstractEventLoop, fut: asyncio.Future[dict[str, Any]], msg: dict[str, Any]
 ) -> None:
@@ -285,4 +376,4 @@ def _deliver(
         loop.call_soon_threadsafe(resolve)
 
 
-__all__ = ["VLLMEngine", "VLLMStartError", "WORKER"]
+__all__ = ["LORA_RANKS", "VLLMEngine", "VLLMStartError", "WORKER", "write_adapter"]

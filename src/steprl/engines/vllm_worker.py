@@ -12,9 +12,16 @@ to the engine's socket and answers messages (plain Python values, pickled by
   temperature-scaled distribution (``logprobs_mode="processed_logprobs"``), the weights version
   that sampled it, and "stop" or "length". Multi-token stop sequences are matched on the ids
   here (vLLM matches stop strings on text); a stop id is kept, as steprl's engines keep it.
-* ``{"op": "weights", "paths", "version"}``: safetensors files of the model's parameters, in buckets (Hugging
-  Face names) loaded into the running model between two decode steps, so requests in flight
-  go on with the new weights (partial rollouts); answered ``{"op": "loaded", "version"}``.
+* ``{"op": "weights_stream", "version"}`` then, per bucket, a header ``{"op": "bucket", "version",
+  "index", "count", "tensors", "checksums"}`` and each tensor's raw bytes, then ``{"op": "end"}``
+  (`engines/transports/socket_stream.py`), or ``{"op": "weights", "paths", "version"}``:
+  safetensors files of the same buckets. The model's parameters (Hugging Face names), each
+  checked against the sender's checksum, loaded into the running model between two decode
+  steps, so requests in flight go on with the new weights (partial rollouts); answered
+  ``{"op": "loaded", "version"}``.
+* ``{"op": "adapter", "path", "version"}`` (a LoRA run, ``--max-lora-rank``): a PEFT adapter
+  directory, checked and loaded as vLLM's adapter for every request from now on; a request in
+  flight finishes on the adapter it started with, and its tokens carry that version.
 * ``{"op": "abort", "ids"?}``: drop those requests (all without ids: their callers are gone);
   a request vLLM refuses is answered ``{"op": "done", "id", "error"}``; ``{"op": "stop"}``: exit.
 
@@ -41,6 +48,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.4)  # the learner shares the GPU
+    parser.add_argument("--max-lora-rank", type=int, default=0)  # > 0: LoRA adapters, sent alone
     args = parser.parse_args()
     key = bytes.fromhex(os.environ.pop("STEPRL_VLLM_KEY"))
     conn = Client(args.address, family="AF_UNIX", authkey=key)
@@ -70,6 +78,30 @@ def checked(load_file: Any, path: str) -> dict[str, Any]:
     return tensors
 
 
+def streamed(conn: Any) -> Any:
+    """The tensors of a bucket stream (`steprl.engines.transports.socket_stream`, its `decode`
+    restated), in order, each checked against its checksum, until ``{"op": "end"}``."""
+    import zlib
+
+    import torch
+
+    expected = 0
+    while (header := conn.recv())["op"] != "end":
+        if header["op"] != "bucket" or header["index"] != expected:
+            raise ValueError(f"weight stream: bucket {header.get('index')} arrived where {expected} was due")
+        expected += 1
+        for name, dtype, shape in header["tensors"]:
+            data = conn.recv_bytes()
+            if (zlib.crc32(data) if data else 0) != header["checksums"][name]:
+                raise ValueError(f"weight stream: {name} changed in flight (its checksum differs)")
+            flat = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                if data
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            yield name, flat.view(getattr(torch, dtype)).reshape(shape)
+
+
 def serve(conn: Any, args: argparse.Namespace) -> None:
     import torch
     from safetensors.torch import load_file
@@ -89,7 +121,14 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
         max_num_batched_tokens=max(args.max_model_len, 16384),
         logprobs_mode="processed_logprobs",
         **({"gpu_memory_utilization": args.gpu_memory_utilization} if torch.cuda.is_available() else {}),
+        # versions in flight at once (rollout.max_staleness): each its own adapter slot
+        **(
+            {"enable_lora": True, "max_lora_rank": args.max_lora_rank, "max_loras": 4}
+            if args.max_lora_rank
+            else {}
+        ),
     )
+    adapter: Any = None  # the LoRARequest every new request runs with
     engine = llm.llm_engine
     version = 0
     live: dict[str, dict[str, Any]] = {}  # request id -> its stop sequences, versions so far
@@ -124,11 +163,14 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
                         detokenize=False,
                         skip_special_tokens=False,
                     )
-                    engine.add_request(msg["id"], {"prompt_token_ids": list(msg["prompt"])}, params)
+                    prompt = {"prompt_token_ids": list(msg["prompt"])}
+                    engine.add_request(msg["id"], prompt, params, lora_request=adapter)
                 except Exception as exc:
                     conn.send({"op": "done", "id": msg["id"], "error": f"{type(exc).__name__}: {exc}"})
                 else:
-                    live[msg["id"]] = {"seqs": [tuple(s) for s in msg["stop_seqs"]], "versions": []}
+                    seqs = [tuple(s) for s in msg["stop_seqs"]]
+                    # an adapter is the request's for its whole life: its tokens carry that version
+                    live[msg["id"]] = {"seqs": seqs, "versions": [], "own": version if adapter else None}
             elif op == "weights":
                 # vLLM's in-place reload: checkpoint-format weights (Hugging Face names), repacked
                 # into the kernels' layout as at load (the CPU backend repacks its linear layers)
@@ -136,6 +178,18 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
                 weights = (kv for path in msg["paths"] for kv in checked(load_file, path).items())
                 llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
                 version = int(msg["version"])
+                conn.send({"op": "loaded", "version": version})
+            elif op == "weights_stream":  # the same, each bucket read off the socket in turn
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": streamed(conn)})
+                version = int(msg["version"])
+                conn.send({"op": "loaded", "version": version})
+            elif op == "adapter":
+                from vllm.lora.request import LoRARequest
+
+                checked(load_file, os.path.join(msg["path"], "adapter_model.safetensors"))
+                version = int(msg["version"])
+                adapter = LoRARequest(f"v{version}", version + 1, msg["path"])
+                engine.add_lora(adapter)  # loaded now: a bad adapter fails the sync, not a request
                 conn.send({"op": "loaded", "version": version})
             busy = True
         if not engine.has_unfinished_requests():
@@ -149,7 +203,8 @@ def serve(conn: Any, args: argparse.Namespace) -> None:
             sample = out.outputs[0]
             ids = list(sample.token_ids)
             seen: list[int] = live[rid]["versions"]
-            seen += [version] * (len(ids) - len(seen))
+            own = live[rid]["own"]
+            seen += [version if own is None else own] * (len(ids) - len(seen))
             lps = [d[t].logprob for t, d in zip(ids, sample.logprobs or [], strict=True)]
             tail = tuple(ids)
             hit = next((len(q) for q in live[rid]["seqs"] if len(tail) >= len(q) and tail[-len(q) :] == q), 0)

@@ -20,6 +20,7 @@ import torch
 from steprl.engines.transports.files import SafetensorsFiles
 from steprl.engines.transports.inprocess import InProcess
 from steprl.engines.transports.ray_store import RayObjectStore
+from steprl.engines.transports.socket_stream import SocketStream
 from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, load_in_place
 from steprl.registry import Registry
 
@@ -37,7 +38,8 @@ WEIGHT_SYNC: Registry[Callable[[Path], Transport]] = Registry(
     {
         "inprocess": lambda _: InProcess(),  # the HF engine beside the learner
         "ray": lambda _: RayObjectStore(),  # Ray rollout workers (runtime.rollout_workers)
-        "files": SafetensorsFiles,  # the vLLM worker process (rollout.engine: vllm)
+        "socket": lambda _: SocketStream(),  # the vLLM worker process (rollout.engine: vllm)
+        "files": SafetensorsFiles,  # the vLLM worker, where a socket cannot reach it (and adapters)
     },
     key="weight_sync",
     what="weight transport",

@@ -53,6 +53,10 @@ def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
         device=cfg.model.device,
         max_positions=cfg.rollout.max_total_tokens,
         vllm_python=cfg.rollout.vllm_python,
+        lora_rank=cfg.model.lora.r
+        if cfg.model.lora is not None and cfg.rollout.vllm_lora == "adapter"
+        else 0,
+        weight_sync=cfg.rollout.vllm_weight_sync,
     )
     engine: Any = ENGINES[cfg.rollout.engine].make(args)
     return engine
