@@ -204,6 +204,34 @@ def test_lora_goes_as_the_adapter_alone_and_a_request_keeps_its_adapter(
         engine.close()
 
 
+@pytest.mark.parametrize("fault", ["stopped", "killed"])
+def test_a_worker_that_hangs_or_dies_during_a_sync_is_one_error_within_the_deadline(
+    model: torch.nn.Module, tokenizer: Any, fault: str
+) -> None:
+    import os
+    import signal
+    import time
+
+    from steprl.engines.weights import WeightSyncError
+
+    engine = VLLMEngine(
+        copy.deepcopy(model), tokenizer, python=str(vllm_python()), max_model_len=512, sync_timeout_s=5
+    )
+    try:
+        os.kill(engine.proc.pid, signal.SIGSTOP if fault == "stopped" else signal.SIGKILL)
+        t0 = time.monotonic()
+        why = (
+            "did not load version 1 within 5 s" if fault == "stopped" else "died during the sync to version 1"
+        )
+        with pytest.raises(WeightSyncError, match=why):
+            engine.update_weights(model.state_dict(), version=1)
+        assert time.monotonic() - t0 < 10 and engine.version == 0
+    finally:
+        if fault == "stopped":
+            os.kill(engine.proc.pid, signal.SIGCONT)
+        engine.close()
+
+
 def test_a_request_vllm_refuses_fails_alone(engine: VLLMEngine) -> None:
     too_long = [1, *([20] * 600)]  # past max_model_len (512)
     with pytest.raises(RuntimeError, match="rollout.engine=vllm"):

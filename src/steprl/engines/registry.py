@@ -37,6 +37,7 @@ class EngineArgs:
     vllm_python: str = ".venv-vllm/bin/python"  # rollout.vllm_python
     lora_rank: int = 0  # a LoRA run's rank, for an engine that takes adapters alone (0: merged)
     weight_sync: str = "socket"  # rollout.vllm_weight_sync
+    sync_timeout_s: float = 300.0  # runtime.weight_sync_timeout_s: one sync's deadline
 
 
 def _hf(args: EngineArgs) -> ServingEngine:
@@ -62,6 +63,7 @@ def _vllm(args: EngineArgs) -> ServingEngine:
         seed=args.settings.seed if args.settings is not None else 0,
         lora_rank=args.lora_rank,
         weight_sync=args.weight_sync,
+        sync_timeout_s=args.sync_timeout_s,
     )
     return engine
 

@@ -268,26 +268,32 @@ class VLLMEngine:
 
     def _sync(self, version: int, messages: Iterable[Message]) -> None:
         """Send one sync's messages in a row (no request between them) and wait for the worker to
-        load them, within the deadline: a worker that dies or passes it is one error, never an
-        engine that serves on as if it held the new weights."""
-        self._loaded.clear()
+        load them, the sending and the loading within one deadline (a worker that stopped reading
+        blocks a send once the socket's buffer is full): a worker that dies or passes it is one
+        `WeightSyncError`, never an engine that serves on as if it held the new weights."""
         if self._dead:
-            raise RuntimeError(self._dead)
-        try:
-            with self._send:
-                for msg in messages:  # a header (pickled), or a tensor's raw bytes
-                    if isinstance(msg, dict):
-                        self.conn.send(msg)
-                    else:
-                        self.conn.send_bytes(msg)
-        except OSError as exc:
-            self._fail(f"the vLLM worker is gone ({type(exc).__name__})")
+            raise WeightSyncError(f"the sync to version {version} found the vLLM worker dead: {self._dead}")
+        self._loaded.clear()
+
+        def send() -> None:
+            try:
+                with self._send:
+                    for msg in messages:  # a header (pickled), or a tensor's raw bytes
+                        if isinstance(msg, dict):
+                            self.conn.send(msg)
+                        else:
+                            self.conn.send_bytes(msg)
+            except OSError as exc:
+                self._fail(f"the vLLM worker is gone ({type(exc).__name__})")
+
+        threading.Thread(target=send, daemon=True, name="vllm-weights").start()
         loaded = self._loaded.wait(self.sync_timeout_s)  # set by the worker's answer, or by its death
         if self._dead:
-            raise RuntimeError(self._dead)
+            raise WeightSyncError(f"the vLLM worker died during the sync to version {version}: {self._dead}")
         if not loaded:
             raise WeightSyncError(
-                f"the vLLM worker did not load version {version} within {self.sync_timeout_s:.0f} s"
+                f"the vLLM worker did not load version {version} within {self.sync_timeout_s:.0f} s "
+                "(runtime.weight_sync_timeout_s)"
             )
         self._version = version
 

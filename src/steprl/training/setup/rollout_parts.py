@@ -57,6 +57,7 @@ def engine_for(cfg: Config, model: torch.nn.Module, tokenizer: Any) -> HFEngine:
         if cfg.model.lora is not None and cfg.rollout.vllm_lora == "adapter"
         else 0,
         weight_sync=cfg.rollout.vllm_weight_sync,
+        sync_timeout_s=cfg.runtime.weight_sync_timeout_s,
     )
     engine: Any = ENGINES[cfg.rollout.engine].make(args)
     return engine
