@@ -21,7 +21,11 @@ pytestmark = pytest.mark.e2e
 RUNTIMES = {
     "http": ["runtime.backend=http"],
     "ray": ["runtime.backend=ray", "runtime.env_workers=2"],
-    "ray_rollout_worker": ["runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1"],
+    # the engines apart from the trainer (which holds none): the rollouts, the evaluation and the
+    # weight-sync probe all on the worker (the colocated pool with rollout workers: make soak)
+    "ray_rollout_worker": [
+        "runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1", "runtime.placement=separate",
+    ],  # fmt: skip
 }
 
 

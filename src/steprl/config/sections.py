@@ -301,6 +301,10 @@ class RuntimeSection(Section):
     env_call_timeout_s: float = Field(30.0, gt=0)  # deadline of one reset/step/close
     failure_budget: float = Field(0.25, ge=0, le=1)  # max share of infra-failed trajectories per step
     max_failed_steps: int = Field(3, gt=0)  # consecutive steps over failure_budget stop the run
+    # where the engines live: "colocated" (the trainer holds an engine beside the learner: it
+    # rolls out, or with rollout workers it evaluates) or "separate" (only the Ray rollout
+    # workers hold engines; evaluation and the weight-sync probe go to them)
+    placement: Literal["colocated", "separate"] = "colocated"
     # the learner: 1 = in this process; N > 1 = N FSDP2 ranks on Ray (docs/scaling.md)
     learner_ranks: int = Field(1, gt=0)
     learner_placement: Literal["pack", "spread"] = "pack"  # the ranks' Ray placement group

@@ -140,9 +140,12 @@ class RolloutWorker:
         self.engine.update_weights(update, version)
         return True
 
-    async def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        """The weight-sync probe (`training/loop/sync_check.py`), on this worker's engine."""
-        return await self.engine.generate(prompt_ids, sampling, seed=0)
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, seed: int | None
+    ) -> Generation:
+        """One request to this worker's engine: the weight-sync probe (`sync_check.py`), and every
+        request of a `PoolEngine` (evaluation when the trainer holds no engine)."""
+        return await self.engine.generate(prompt_ids, sampling, seed=seed)
 
     async def load_snapshots(self, state: Mapping[str, Any]) -> None:
         """A resume's cross-policy snapshots (`HFEngine.load_snapshots`)."""
@@ -328,8 +331,13 @@ class RayRolloutPool:
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
         """Each worker's answer to the weight-sync probe; a worker that dies or passes the sync
         deadline is replaced (it starts with the current weights) and gives no answer."""
-        answers = self._broadcast("probe", lambda k: (list(prompt_ids), sampling))
+        answers = self._broadcast("generate", lambda k: (list(prompt_ids), sampling, 0))
         return {f"rollout worker {k}": gen for k, gen in answers.items()}
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, seed: int | None) -> Any:
+        """One request on the next worker in turn: the ObjectRef of its `Generation`."""
+        self._turn = (getattr(self, "_turn", -1) + 1) % self.num_workers
+        return self._workers[self._turn].generate.remote(list(prompt_ids), sampling, seed)
 
     def _broadcast(self, method: str, args: Callable[[int], tuple[Any, ...]]) -> dict[int, Any]:
         """`method` on every worker, each answer within the sync deadline. A worker that dies or
@@ -373,6 +381,38 @@ class RayRolloutPool:
         ray.kill(self._workers[index], no_restart=True)
         self._workers[index] = self._spawn(index)
         self.replaced.append((index, why))
+
+
+class PoolEngine:
+    """The `ServingEngine` a run with `runtime.placement: separate` holds: no weights, only the
+    pool. Each request goes to a rollout worker's engine (evaluation, the weight-sync probe), so
+    the trainer process holds no engine copy; weights reach the workers through the pool's sync
+    (`RayProducer.publish`), so `update_weights` here only follows the version."""
+
+    snapshots = None  # cross-policy snapshots live in the workers' engines (refused with separate)
+    max_positions: int | None = None
+
+    def __init__(self, pool: RayRolloutPool) -> None:
+        self.pool = pool
+
+    @property
+    def version(self) -> int:
+        return self.pool.version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
+    ) -> Generation:
+        gen: Generation = await self.pool.generate(prompt_ids, sampling, seed)
+        return gen
+
+    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
+        """Nothing to load here: the pool's workers get the weights (`RayRolloutPool.sync_weights`)."""
+
+    def reset_scheduler(self) -> None:
+        """The requests live in the workers; an abandoned one finishes there unread."""
+
+    def close(self) -> None:
+        """The pool is closed by its owner."""
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:

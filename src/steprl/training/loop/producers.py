@@ -115,16 +115,19 @@ class RayProducer:
                 self._refs[ref] = (index, task, worker, done)
 
     def publish(self, weights: WeightUpdate, version: int) -> None:
-        self.engine.update_weights(weights, version=version)  # the trainer's copy: evaluation
+        self.engine.update_weights(weights, version=version)  # the trainer's copy (separate: none)
         self.pool.sync_weights(weights, version=version)
 
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
-        """The trainer's evaluation copy's and every rollout worker's answer to the probe."""
-        own = asyncio.run(self.engine.generate(prompt_ids, sampling, seed=0))
-        return {"the trainer's engine": own, **self.pool.probe(prompt_ids, sampling)}
+        """Every rollout worker's answer to the probe, and the trainer's evaluation copy's (none
+        with `runtime.placement: separate`: its engine is the pool's)."""
+        answers = self.pool.probe(prompt_ids, sampling)
+        if getattr(self.engine, "pool", None) is not self.pool:
+            answers["the trainer's engine"] = asyncio.run(self.engine.generate(prompt_ids, sampling, seed=0))
+        return answers
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run(coro)  # evaluation runs on the trainer's own engine
+        return asyncio.run(coro)  # evaluation: on the trainer's engine, or (separate) the workers'
 
     def _wait(self) -> None:
         import ray

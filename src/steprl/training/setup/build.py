@@ -180,7 +180,14 @@ def build(
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p)
     # The engine serves its own copy of the weights; the learner pushes new ones after each update.
     engine = engine_for(cfg, engine_model, policy.tokenizer)
-    cleanup.callback(engine.close)  # a vLLM engine's worker process
+    del engine_model  # the engine holds it (separate placement drops the engine after the workers start)
+    held = [engine]  # closed at the end (a vLLM engine's worker process); emptied when it is dropped
+
+    def close_held() -> None:
+        for e in held:
+            e.close()
+
+    cleanup.callback(close_held)
     algo = cfg.algorithm
     ref_model = _reference(cfg, policy.model)
     shares_head = algo.critic != "none" and CRITICS[algo.critic].shares_head
@@ -194,6 +201,15 @@ def build(
     step_credit = _make_step_credit(cfg, policy, ref_model)
     setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
     remote = _rollout_workers(cfg, run, engine, fmt, rule, sampling, policy, learner, cleanup, log)
+    if cfg.runtime.placement == "separate":  # the workers hold the engines: drop this one's weights
+        from steprl.rollout.ray_workers import PoolEngine  # noqa: PLC0415 - Ray, only when asked
+
+        held.clear()  # an HF engine (rollout workers refuse vLLM): nothing to close, its weights go
+        engine = PoolEngine(remote)  # type: ignore[assignment]
+        setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
+        log(
+            "placement: separate (no engine in this process: evaluation and each sync's probe run on the workers)"
+        )
     return Parts(
         policy=policy,
         fmt=fmt,
@@ -232,6 +248,16 @@ def _refuse_combinations(cfg: Config, run: env_setup.RunEnvs) -> None:
         raise UserError(
             f"runtime.{what} is a setting of learner ranks (runtime.learner_ranks > 1); the "
             "one-process learner computes on model.device (e.g. model.device=cuda)"
+        )
+    if rt.placement == "separate" and not (rt.backend == "ray" and rt.rollout_workers > 0):
+        raise UserError(
+            "runtime.placement=separate puts the engines on Ray rollout workers: set "
+            "runtime.backend=ray and runtime.rollout_workers >= 1"
+        )
+    if rt.placement == "separate" and cfg.rollout.cross_policy is not None:
+        raise UserError(
+            "rollout.cross_policy with runtime.placement=separate: a resume's snapshots are the "
+            "trainer engine's; use runtime.placement=colocated"
         )
     if cfg.runtime.rollout_workers > 0 and cfg.rollout.engine != "hf":
         raise UserError(
