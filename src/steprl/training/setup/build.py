@@ -207,9 +207,7 @@ def build(
         held.clear()  # an HF engine (rollout workers refuse vLLM): nothing to close, its weights go
         engine = PoolEngine(remote)  # type: ignore[assignment]
         setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
-        log(
-            "placement: separate (no engine in this process: evaluation and each sync's probe run on the workers)"
-        )
+        log("placement: separate (no engine here: evaluation and each sync's probe run on the workers)")
     return Parts(
         policy=policy,
         fmt=fmt,
