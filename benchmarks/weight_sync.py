@@ -9,7 +9,8 @@ config's: r 16 on q, k, v and o):
 * `clone + ray.put` (before): a full copy of the state dict, put in Ray's object store whole,
   read back and loaded (what Ray rollout workers got per version before the buckets);
 * `ray` (`WEIGHT_SYNC["ray"]`): 256 MiB buckets put one by one, each sealed with its checksums,
-  read back, checked and loaded bucket by bucket;
+  read back, checked and loaded bucket by bucket; a tied head (Gemma's: its 640 MB embedding)
+  sent once, as every path but vLLM's now sends it;
 * `files` (`WEIGHT_SYNC["files"]`, before for vLLM): a safetensors file per bucket, read back,
   checked and loaded;
 * `socket` (`WEIGHT_SYNC["socket"]`, now for vLLM): the buckets streamed over a pipe to a child
@@ -109,6 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="gemma-3-270m", help="gemma-3-270m, or tiny")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="the rows whose name contains this")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.model == "tiny":
@@ -139,14 +141,15 @@ def main() -> None:
         del ref
         return full
 
-    def transport(name: str) -> Callable[[], int]:
+    def transport(name: str, tied: bool = True) -> Callable[[], int]:
         t = WEIGHT_SYNC[name](scratch)
 
         def run() -> int:
-            handle = t.send(WeightUpdate.of_tensors(learner, 1))
+            update = WeightUpdate.of_tensors(learner, 1, tied=tied)
+            handle = t.send(update)
             load_in_place(engine, t.receive(handle))
             t.release(handle)
-            return full
+            return update.nbytes
 
         return run
 
@@ -155,11 +158,12 @@ def main() -> None:
     proc.start()
 
     def socket() -> int:  # streamed as produced, decoded and checked in another process
-        for msg in chain(WeightUpdate.of_tensors(learner, 1)):
+        update = WeightUpdate.of_tensors(learner, 1, tied=False)  # every name, as vLLM gets them
+        for msg in chain(update):
             parent.send(msg) if isinstance(msg, dict) else parent.send_bytes(msg)
         parent.send({"op": "end"})
         assert parent.recv() == "done"
-        return full
+        return update.nbytes
 
     peft = apply_lora(
         copy.deepcopy(model),
@@ -178,7 +182,7 @@ def main() -> None:
     rows = [
         ("full: clone + ray.put (before)", clone_put),
         ("full: ray, buckets", transport("ray")),
-        ("full: files (before, vLLM)", transport("files")),
+        ("full: files (before, vLLM)", transport("files", tied=False)),
         ("full: socket (vLLM now)", socket),
         ("full: inprocess", transport("inprocess")),
         ("adapter: ray", adapter_ray),
@@ -186,6 +190,8 @@ def main() -> None:
     ]
     print(f"{'':32}{'s / sync':>10}{'MiB moved':>11}{'sender extra MiB':>18}")
     for name, run in rows:
+        if args.only not in name:
+            continue
         s, moved, extra = measure(run, args.repeats)
         print(f"{name:32}{s:10.3f}{moved / 2**20:11.2f}{extra / 2**20:18.1f}")
     print(f"adapter / full bytes: {adapter.nbytes() / full:.4f}")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steprl.engines.transports import WEIGHT_SYNC, check_weight_sync
-from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, load_in_place, plan_buckets
+from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, load_in_place, plan_buckets, untied
 
 
 def _other(model: torch.nn.Module) -> torch.nn.Module:
@@ -38,7 +38,8 @@ def test_every_transport_delivers_exactly_and_refuses_a_broken_stream(name, smal
     finally:
         if name == "ray":
             ray.shutdown()  # this test process goes on to other files
-    assert buckets == len(small_model.state_dict())  # the checker's buckets: one tensor each
+    # the checker's buckets: one tensor each, a tied one (the head: the embedding) sent once
+    assert buckets == len(untied(small_model.state_dict())) == len(small_model.state_dict()) - 1
     assert not list(tmp_path.iterdir()), "the transport left files behind"
 
 
@@ -65,6 +66,14 @@ def test_buckets_are_bounded_views_in_order():
     assert torch.equal(update.full()["b"], torch.full((3,), 2.0))
 
 
+def test_an_update_that_leaves_out_an_untied_tensor_is_refused(small_model):
+    own = small_model.state_dict()
+    names = tuple(untied(own))[1:]  # the first tensor (not tied to anything sent) missing
+    update = WeightUpdate(7, names, lambda: iter([Bucket(7, 0, 1, {n: own[n] for n in names})]))
+    with pytest.raises(WeightSyncError, match="leaves out .* which this model does not tie"):
+        load_in_place(_other(small_model), update)
+
+
 def test_a_bucket_of_another_version_or_a_stranger_tensor_is_refused(small_model):
     own = small_model.state_dict()
     target = _other(small_model)
@@ -73,6 +82,6 @@ def test_a_bucket_of_another_version_or_a_stranger_tensor_is_refused(small_model
         (Bucket(6, 0, 1, {name: own[name]}), "version 6 arrived in the update to version 7"),
         (Bucket(7, 0, 1, {"no.such.weight": own[name]}), "adds tensors"),
     ):
-        update = WeightUpdate(7, (name,), lambda bad=bad: iter([bad]))
+        update = WeightUpdate(7, tuple(untied(own)), lambda bad=bad: iter([bad]))
         with pytest.raises(WeightSyncError, match=why):
             load_in_place(target, update)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from steprl.engines import weights
 from steprl.engines.hf import HFEngine
 from steprl.engines.weights import WeightUpdate, seal
 from steprl.training.loop import sync_check
@@ -64,21 +65,27 @@ def test_a_synced_engine_passes_the_probe_and_a_stale_wrong_or_corrupted_one_sto
         _nudge(learner.model)
         metrics = sync_check.publish(pipe, learner, probe, 1)
         assert metrics["weights/probe_gap"] <= 1e-6, metrics
-        full = sum(t.numel() * t.element_size() for t in small_model.state_dict().values())
-        assert metrics["weights/sync_bytes"] == full
+        untied = weights.untied(small_model.state_dict())  # the tied head travels once
+        assert metrics["weights/sync_bytes"] == sum(t.numel() * t.element_size() for t in untied.values())
 
         _nudge(learner.model)  # version 2 exists in the learner; the engine never got it
         answers = producer.probe(probe.prompt_ids, probe.sampling)
-        with pytest.raises(WeightProbeError, match=r"version 2: the engine answered the probe with version\(s\) \[1\]"):
+        with pytest.raises(
+            WeightProbeError, match=r"version 2: the engine answered the probe with version\(s\) \[1\]"
+        ):
             probe.check(learner, answers, 2)
 
         pipe.publish(learner.weights(2), 2)  # it takes version 2, then one tensor is wrong
         with torch.no_grad():
             next(p for n, p in engine.model.named_parameters() if "q_proj" in n).mul_(3.0)
-        with pytest.raises(WeightProbeError, match=r"version 2: the engine's log-probs differ .* serves other weights"):
+        with pytest.raises(
+            WeightProbeError, match=r"version 2: the engine's log-probs differ .* serves other weights"
+        ):
             probe.check(learner, producer.probe(probe.prompt_ids, probe.sampling), 2)
 
-        with pytest.raises(WeightProbeError, match=r"sync to version 3 failed: bucket 0 .* changed in flight"):
+        with pytest.raises(
+            WeightProbeError, match=r"sync to version 3 failed: bucket 0 .* changed in flight"
+        ):
             sync_check.publish(pipe, _InFlight(learner), probe, 3)
         assert engine.version == 2  # the refused update was not applied as version 3
     finally:

@@ -253,7 +253,8 @@ class VLLMEngine:
                     shutil.rmtree(old, ignore_errors=True)
             return
         self._lora = load_update(self.model, update, self._lora)
-        full = WeightUpdate.of_tensors(self.model.state_dict(), version)
+        # every name, a tied head too: vLLM's CPU backend repacks the head apart from the embedding
+        full = WeightUpdate.of_tensors(self.model.state_dict(), version, tied=False)
         if self.weight_sync == "files":  # each bucket a file the worker reads in turn
             files = SafetensorsFiles(self.workdir)
             handle = files.send(full)

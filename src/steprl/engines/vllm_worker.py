@@ -81,6 +81,7 @@ def checked(load_file: Any, path: str) -> dict[str, Any]:
 def streamed(conn: Any) -> Any:
     """The tensors of a bucket stream (`steprl.engines.transports.socket_stream`, its `decode`
     restated), in order, each checked against its checksum, until ``{"op": "end"}``."""
+    import warnings
     import zlib
 
     import torch
@@ -94,11 +95,11 @@ def streamed(conn: Any) -> Any:
             data = conn.recv_bytes()
             if (zlib.crc32(data) if data else 0) != header["checksums"][name]:
                 raise ValueError(f"weight stream: {name} changed in flight (its checksum differs)")
-            flat = (
-                torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                if data
-                else torch.empty(0, dtype=torch.uint8)
-            )
+            with warnings.catch_warnings():  # read-only bytes: vLLM copies the tensor into its weights
+                warnings.simplefilter("ignore", UserWarning)
+                flat = (
+                    torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+                )
             yield name, flat.view(getattr(torch, dtype)).reshape(shape)
 
 

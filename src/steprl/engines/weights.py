@@ -61,9 +61,17 @@ class WeightUpdate:
 
     @staticmethod
     def of_tensors(
-        named: Mapping[str, torch.Tensor], version: int, bucket_bytes: int = BUCKET_BYTES
+        named: Mapping[str, torch.Tensor],
+        version: int,
+        bucket_bytes: int = BUCKET_BYTES,
+        *,
+        tied: bool = True,
     ) -> WeightUpdate:
-        """Buckets over `named` as they are when consumed (views: nothing is copied here)."""
+        """Buckets over `named` as they are when consumed (views: nothing is copied here). A tensor
+        that is another's storage (tied embeddings: Gemma's head is its 640 MB embedding) travels
+        once: the receiver's model ties them the same way (`load_in_place` checks). `tied=False`
+        sends every name (vLLM keeps its own repacked copy of a tied head)."""
+        named = untied(named) if tied else named
         sizes = {k: v.numel() * v.element_size() for k, v in named.items()}
         plan = plan_buckets(sizes, bucket_bytes)
 
@@ -164,10 +172,30 @@ def load_in_place(model: torch.nn.Module, update: WeightUpdate) -> None:
         raise WeightSyncError(
             f"the update to version {update.version} names tensors this model lacks: {sorted(unknown)[:3]}"
         )
+    absent = set(own) - set(update.names) - set(untied(own))  # tied here to a tensor it names
+    not_tied = [n for n in set(own) - set(update.names) if n not in absent]
+    if not_tied:  # a tensor the sender left out as tied, which this model keeps apart
+        raise WeightSyncError(
+            f"the update to version {update.version} leaves out {sorted(not_tied)[:3]}, which this model "
+            "does not tie to a tensor it sends"
+        )
     with torch.no_grad():
         for bucket in update.buckets():
             for name, tensor in bucket.tensors.items():
                 own[name].copy_(tensor)
+
+
+def untied(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`named` without a tensor that views the same memory as an earlier one (a tied weight)."""
+    seen: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
+    out = {}
+    for name, t in named.items():
+        key = (t.data_ptr(), tuple(t.shape), t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
 
 
 #: what an engine's `update_weights` takes
@@ -209,4 +237,5 @@ __all__ = [
     "load_update",
     "plan_buckets",
     "seal",
+    "untied",
 ]

@@ -12,6 +12,7 @@ one in memory at a time (`chain`).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,11 +55,11 @@ def decode(header: dict[str, Any], raw: Sequence[bytes | memoryview]) -> Bucket:
         raise WeightSyncError(f"not a weight bucket: {str(header)[:80]} with {len(raw)} tensors")
     tensors = {}
     for (name, dtype, shape), data in zip(header["tensors"], raw, strict=True):
-        flat = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            if data
-            else torch.empty(0, dtype=torch.uint8)
-        )
+        with warnings.catch_warnings():  # read-only bytes: the tensor is only read (copied into a model)
+            warnings.simplefilter("ignore", UserWarning)
+            flat = (
+                torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+            )
         tensors[name] = flat.view(getattr(torch, dtype)).reshape(shape)
     return Bucket(header["version"], header["index"], header["count"], tensors, header["checksums"])
 
