@@ -196,7 +196,11 @@ def test_a_killed_rank_stops_the_run_in_one_line_and_resume_finishes_it_bit_iden
     again = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
     assert sorted(again) == sorted(straight)
     for step, row in straight.items():
-        kept = {k: v for k, v in row.items() if not k.startswith("time/") and not k.endswith("_s") and "idle" not in k}
+        kept = {
+            k: v
+            for k, v in row.items()
+            if not k.startswith("time/") and not k.endswith("_s") and "idle" not in k
+        }
         assert {k: again[step].get(k) for k in kept} == kept, step
     final = "checkpoints/latest/model.safetensors"
     assert (run_dir / final).read_bytes() == (two_ranks.run_dir / final).read_bytes()

@@ -24,7 +24,10 @@ RUNTIMES = {
     # the engines apart from the trainer (which holds none): the rollouts, the evaluation and the
     # weight-sync probe all on the worker (the colocated pool with rollout workers: make soak)
     "ray_rollout_worker": [
-        "runtime.backend=ray", "runtime.env_workers=1", "runtime.rollout_workers=1", "runtime.placement=separate",
+        "runtime.backend=ray",
+        "runtime.env_workers=1",
+        "runtime.rollout_workers=1",
+        "runtime.placement=separate",
     ],  # fmt: skip
 }
 
@@ -42,7 +45,10 @@ def _comparable(metrics: dict[str, float]) -> dict[str, float]:
     return {
         k: v
         for k, v in metrics.items()
-        if not k.startswith(("time/", "perf/")) and not k.endswith("_s") and "_per_s" not in k and k not in skip
+        if not k.startswith(("time/", "perf/"))
+        and not k.endswith("_s")
+        and "_per_s" not in k
+        and k not in skip
     }
 
 
