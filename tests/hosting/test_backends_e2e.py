@@ -28,7 +28,7 @@ RUNTIMES = {
         "runtime.env_workers=1",
         "runtime.rollout_workers=1",
         "runtime.placement=separate",
-    ],  # fmt: skip
+    ],
 }
 
 
