@@ -25,7 +25,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import nn
 
-from steprl.engines.weights import WeightUpdate
+from steprl.engines.weights import WeightUpdate, untied
 from steprl.errors import UserError
 from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
@@ -123,6 +123,7 @@ class LearnerGroup:
         self.model, self.ranks, self.timeout_s = model, ranks, timeout_s
         self._gpus, self._offload = gpus_per_rank, cpu_offload
         self.shapes = {k: v.shape for k, v in model.state_dict().items()}  # what joined shards must be
+        self.untied = tuple(untied(model.state_dict()))  # what the engines get: a tied head once
         # LoRA: what the engines get and a checkpoint holds is the adapters (the trainable tensors)
         self.adapters = (
             {n: p.shape for n, p in model.named_parameters() if p.requires_grad} if is_peft(model) else None
@@ -257,7 +258,8 @@ class LearnerGroup:
         if self.adapters is not None:  # LoRA: the adapters alone, merged by the engines
             self._pull_adapters()
             return WeightUpdate.of_adapter(adapter_update(self.model), version)
-        return WeightUpdate.of_tensors(self._full(), version)
+        full = self._full()  # the ranks' shards join into separate tensors: the tie is the model's
+        return WeightUpdate.of_tensors({k: full[k] for k in self.untied}, version)
 
     def _full(self) -> dict[str, torch.Tensor]:
         from steprl.training.learn.rank_learner import join_shards  # noqa: PLC0415 - torch.distributed
