@@ -85,3 +85,15 @@ def test_a_bucket_of_another_version_or_a_stranger_tensor_is_refused(small_model
         update = WeightUpdate(7, tuple(untied(own)), lambda bad=bad: iter([bad]))
         with pytest.raises(WeightSyncError, match=why):
             load_in_place(target, update)
+
+
+def test_an_update_cut_again_into_smaller_buckets_carries_the_same_tensors(small_model):
+    """`runtime.weight_bucket_mib`: `rebucketed` cuts the same views again, nothing copied."""
+    own = small_model.state_dict()
+    update = WeightUpdate.of_tensors(own, 3)
+    assert len(list(update.produce())) == 1  # the tiny model fits one 256 MiB bucket
+    smallest = min(t.numel() * t.element_size() for t in own.values())
+    cut = update.rebucketed(smallest)
+    assert len(list(cut.produce())) == len(untied(own)) and cut.names == update.names
+    got = cut.full()
+    assert all(torch.equal(got[k], own[k]) for k in cut.names) and cut.nbytes == update.nbytes

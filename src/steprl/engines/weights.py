@@ -58,6 +58,8 @@ class WeightUpdate:
     produce: Callable[[], Iterable[Bucket]] = field(default=lambda: (), repr=False)
     adapter: AdapterUpdate | None = None
     nbytes: int = 0
+    #: the named tensors the buckets are cut from (`of_tensors`), so `rebucketed` can cut again
+    source: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
 
     @staticmethod
     def of_tensors(
@@ -79,7 +81,14 @@ class WeightUpdate:
             for i, names in enumerate(plan):
                 yield Bucket(version, i, len(plan), {n: named[n].detach() for n in names})
 
-        return WeightUpdate(version, tuple(named), produce, nbytes=sum(sizes.values()))
+        return WeightUpdate(version, tuple(named), produce, nbytes=sum(sizes.values()), source=named)
+
+    def rebucketed(self, bucket_bytes: int) -> WeightUpdate:
+        """The same tensors in buckets of at most `bucket_bytes` (`runtime.weight_bucket_mib`);
+        an adapter, or an update not made by `of_tensors`, as it is."""
+        if self.source is None or self.adapter is not None:
+            return self
+        return WeightUpdate.of_tensors(self.source, self.version, bucket_bytes, tied=False)
 
     @staticmethod
     def of_adapter(adapter: AdapterUpdate, version: int) -> WeightUpdate:

@@ -25,7 +25,7 @@ from typing import Any
 
 from steprl.config import Config
 from steprl.engines.base import Generation, SamplingParams
-from steprl.engines.weights import WeightSyncError
+from steprl.engines.weights import BUCKET_BYTES, WeightSyncError
 from steprl.errors import UserError
 from steprl.rollout.views import Sample
 from steprl.training.learn.learner_protocol import Learner
@@ -102,11 +102,18 @@ def probe_for(cfg: Config, tokenizer: Any) -> SyncProbe | None:
     return SyncProbe.of(tokenizer, cfg.rollout.temperature, dtype, cfg.runtime.weight_probe_bound)
 
 
-def publish(pipeline: Pipeline, learner: Learner, probe: SyncProbe | None, version: int) -> dict[str, float]:
-    """The learner's weights to every engine as `version`, then (`probe`) each engine's probe
-    checked against the learner: `weights/*` metrics, or one `WeightProbeError` line."""
+def publish(
+    pipeline: Pipeline,
+    learner: Learner,
+    probe: SyncProbe | None,
+    version: int,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> dict[str, float]:
+    """The learner's weights to every engine as `version` in buckets of at most `bucket_bytes`,
+    then (`probe`) each engine's probe checked against the learner: `weights/*` metrics, or one
+    `WeightProbeError` line."""
     t0 = time.perf_counter()
-    update = learner.weights(version)
+    update = learner.weights(version).rebucketed(bucket_bytes)
     try:
         pipeline.publish(update, version)
         answers = pipeline.producer.probe(probe.prompt_ids, probe.sampling) if probe else {}

@@ -393,7 +393,8 @@ def run_step(
         stats |= parts.step_credit.fit(batch.credit[0], step)
     version = state.policy_version + 1 if batch.rows else state.policy_version  # a skipped step keeps it
     if batch.rows:  # the new weights to every engine, each checked against the learner
-        stats |= sync_check.publish(pipeline, parts.learner, probe, version)
+        bucket = cfg.runtime.weight_bucket_mib * 2**20
+        stats |= sync_check.publish(pipeline, parts.learner, probe, version, bucket)
     state = TrainState(
         step=step,
         policy_version=version,
