@@ -226,10 +226,13 @@ def test_a_worker_that_hangs_or_dies_during_a_sync_is_one_error_within_the_deadl
         with pytest.raises(WeightSyncError, match=why):
             engine.update_weights(model.state_dict(), version=1)
         assert time.monotonic() - t0 < 10 and engine.version == 0
+        t0 = time.monotonic()
+        engine.close()  # a stopped worker, its sync still sending: killed, not waited for
+        assert time.monotonic() - t0 < 10 and engine.proc.poll() is not None
     finally:
-        if fault == "stopped":
+        if engine.proc.poll() is None:
             os.kill(engine.proc.pid, signal.SIGCONT)
-        engine.close()
+            engine.close()
 
 
 def test_a_request_vllm_refuses_fails_alone(engine: VLLMEngine) -> None:

@@ -291,11 +291,13 @@ class VLLMEngine:
         loaded = self._loaded.wait(self.sync_timeout_s)  # set by the worker's answer, or by its death
         if self._dead:
             raise WeightSyncError(f"the vLLM worker died during the sync to version {version}: {self._dead}")
-        if not loaded:
-            raise WeightSyncError(
+        if not loaded:  # a worker that does not answer serves nothing more: its requests fail too
+            why = (
                 f"the vLLM worker did not load version {version} within {self.sync_timeout_s:.0f} s "
                 "(runtime.weight_sync_timeout_s)"
             )
+            self._fail(why)
+            raise WeightSyncError(why)
         self._version = version
 
     def reset_scheduler(self) -> None:
@@ -323,7 +325,14 @@ class VLLMEngine:
         """Stop the worker and remove its directory (the model copy, the log)."""
         if self.proc.poll() is None:
             try:
-                self._post({"op": "stop"})
+                # a worker that failed or missed a sync's deadline is not asked; a sync may still
+                # hold the lock, sending to a worker that stopped reading: killing it ends that send
+                if self._dead or not self._send.acquire(timeout=5):
+                    raise TimeoutError("a weight sync is still sending")
+                try:
+                    self.conn.send({"op": "stop"})
+                finally:
+                    self._send.release()
                 self.proc.wait(30)
             except Exception:
                 self.proc.kill()
