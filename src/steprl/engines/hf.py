@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -308,4 +308,20 @@ class CurrentPolicy:
         self.engine.update_weights(state_dict, version)
 
 
-__all__ = ["CurrentPolicy", "EngineSettings", "HFEngine", "request_uniforms", "sample_from_logits"]
+async def probe_answer(engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    """`engine`'s answer to the weight-sync probe: on its current weights (not a cross-policy
+    snapshot), each token marked with the version the engine says it holds where it marks none
+    (vLLM marks a request's tokens only when they span versions)."""
+    current = CurrentPolicy(engine) if getattr(engine, "snapshots", None) is not None else engine
+    gen: Generation = await current.generate(prompt_ids, sampling, seed=0)
+    return gen if gen.versions else replace(gen, versions=(engine.version,) * len(gen.token_ids))
+
+
+__all__ = [
+    "CurrentPolicy",
+    "EngineSettings",
+    "HFEngine",
+    "probe_answer",
+    "request_uniforms",
+    "sample_from_logits",
+]

@@ -54,6 +54,8 @@ from steprl.errors import UserError
 WORKER = Path(__file__).with_name("vllm_worker.py")
 #: the adapter ranks vLLM allocates slots for (`max_lora_rank`)
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+#: adapters vLLM holds at once (`max_loras` in `vllm_worker.py`): versions in flight together
+LORA_SLOTS = 4
 
 
 class VLLMStartError(UserError):
@@ -186,7 +188,7 @@ class VLLMEngine:
                 return
 
     def _fail(self, why: str) -> None:
-        self._dead = why
+        self._dead = self._dead or why  # the first cause (a worker's own error before the broken pipe)
         self._loaded.set()
         for loop, fut in list(self._pending.values()):
             _deliver(loop, fut, {"op": "error", "error": why})
@@ -248,9 +250,10 @@ class VLLMEngine:
         if update.adapter is not None and self.lora_rank:
             path = write_adapter(update.adapter, self.workdir / "adapters" / f"v{version}")
             self._sync(version, [{"op": "adapter", "path": str(path), "version": version}])
-            for old in (self.workdir / "adapters").iterdir():  # vLLM holds the adapters it loaded
-                if old != path:
-                    shutil.rmtree(old, ignore_errors=True)
+            # vLLM may reload an evicted adapter from its directory: keep as many as it has slots
+            kept = sorted((self.workdir / "adapters").iterdir(), key=lambda d: int(d.name[1:]))
+            for old in kept[:-LORA_SLOTS]:
+                shutil.rmtree(old, ignore_errors=True)
             return
         self._lora = load_update(self.model, update, self._lora)
         # every name, a tied head too: vLLM's CPU backend repacks the head apart from the embedding
@@ -286,6 +289,10 @@ class VLLMEngine:
                             self.conn.send_bytes(msg)
             except OSError as exc:
                 self._fail(f"the vLLM worker is gone ({type(exc).__name__})")
+            except (
+                Exception
+            ) as exc:  # the update itself (a bucket refused here): fail now, not at the deadline
+                self._fail(f"the weights to send failed: {type(exc).__name__}: {exc}")
 
         threading.Thread(target=send, daemon=True, name="vllm-weights").start()
         loaded = self._loaded.wait(self.sync_timeout_s)  # set by the worker's answer, or by its death

@@ -23,14 +23,17 @@ import torch
 
 from steprl.engines import lora_merge
 from steprl.engines.lora_merge import AdapterUpdate, LoraMerger
+from steprl.errors import UserError
 
 #: the most tensor bytes in one bucket (a tensor larger than this travels alone): big enough
 #: that a bucket's fixed cost is small, small enough that a transport never holds a model
 BUCKET_BYTES = 256 * 2**20
 
 
-class WeightSyncError(RuntimeError):
-    """A weight update arrived incomplete or out of order: the engine must not serve it."""
+class WeightSyncError(UserError, RuntimeError):
+    """A weight update arrived incomplete, out of order or changed, or not in time: the engine
+    must not serve it, and the run stops in one line wherever the sync was (a step, a resume's
+    first push, a rollback)."""
 
 
 @dataclass(frozen=True)

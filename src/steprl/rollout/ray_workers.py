@@ -35,7 +35,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from steprl.engines.base import Generation, SamplingParams
-from steprl.engines.hf import EngineSettings, HFEngine
+from steprl.engines.hf import EngineSettings, HFEngine, probe_answer
 from steprl.engines.transports.ray_store import RayHandle, RayObjectStore
 from steprl.engines.weights import AnyUpdate, WeightSyncError, as_update
 from steprl.envs.base import Env
@@ -143,9 +143,13 @@ class RolloutWorker:
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, seed: int | None
     ) -> Generation:
-        """One request to this worker's engine: the weight-sync probe (`sync_check.py`), and every
-        request of a `PoolEngine` (evaluation when the trainer holds no engine)."""
+        """One request to this worker's engine: every request of a `PoolEngine` (evaluation when
+        the trainer holds no engine)."""
         return await self.engine.generate(prompt_ids, sampling, seed=seed)
+
+    async def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """The weight-sync probe (`training/loop/sync_check.py`) on this worker's current weights."""
+        return await probe_answer(self.engine, prompt_ids, sampling)
 
     async def load_snapshots(self, state: Mapping[str, Any]) -> None:
         """A resume's cross-policy snapshots (`HFEngine.load_snapshots`)."""
@@ -331,7 +335,7 @@ class RayRolloutPool:
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
         """Each worker's answer to the weight-sync probe; a worker that dies or passes the sync
         deadline is replaced (it starts with the current weights) and gives no answer."""
-        answers = self._broadcast("generate", lambda k: (list(prompt_ids), sampling, 0))
+        answers = self._broadcast("probe", lambda k: (list(prompt_ids), sampling))
         return {f"rollout worker {k}": gen for k, gen in answers.items()}
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, seed: int | None) -> Any:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from steprl.engines.base import Generation, SamplingParams
-from steprl.engines.hf import HFEngine
+from steprl.engines.hf import HFEngine, probe_answer
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.loop import RolloutSetup, failed_group, rollout_groups
 from steprl.training.loop.pipeline import Done
@@ -70,7 +70,7 @@ class LocalProducer:
 
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
         """The engine's answer to the weight-sync probe, beside the episodes in flight."""
-        return {"the engine": self.run(self.engine.generate(prompt_ids, sampling, seed=0))}
+        return {"the engine": self.run(probe_answer(self.engine, prompt_ids, sampling))}
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -123,7 +123,7 @@ class RayProducer:
         with `runtime.placement: separate`: its engine is the pool's)."""
         answers = self.pool.probe(prompt_ids, sampling)
         if getattr(self.engine, "pool", None) is not self.pool:
-            answers["the trainer's engine"] = asyncio.run(self.engine.generate(prompt_ids, sampling, seed=0))
+            answers["the trainer's engine"] = asyncio.run(probe_answer(self.engine, prompt_ids, sampling))
         return answers
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

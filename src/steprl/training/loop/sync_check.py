@@ -76,13 +76,13 @@ class SyncProbe:
             )
             for k, (_, gen) in enumerate(named)
         ]
-        computed = learner.compute(rows, logprobs=True).logprobs
+        computed = learner.compute(rows, logprobs=True, eval_mode=True).logprobs  # no dropout, no RNG drawn
         assert computed is not None
         worst = 0.0
         for (name, gen), lp in zip(named, computed, strict=True):
             ours = lp[p - 1 : p - 1 + len(gen.token_ids)].tolist()  # target-aligned: token t at t-1
             gap = max(abs(a - b) for a, b in zip(ours, gen.logprobs, strict=True))
-            if gap > self.bound:
+            if not gap <= self.bound:  # NaN too
                 raise WeightProbeError(
                     f"weight sync to version {version}: {name}'s log-probs differ from the learner's by "
                     f"{gap:.3g} on the probe (bound {self.bound:g}, runtime.weight_probe_bound): it serves "
@@ -117,7 +117,7 @@ def publish(
     try:
         pipeline.publish(update, version)
         answers = pipeline.producer.probe(probe.prompt_ids, probe.sampling) if probe else {}
-    except WeightSyncError as exc:  # a bucket lost, reordered or changed in flight; a sync past its deadline
+    except (WeightSyncError, RuntimeError) as exc:  # a bucket refused, a deadline, an engine gone
         raise WeightProbeError(f"weight sync to version {version} failed: {exc}") from None
     gap = probe.check(learner, answers, version) if probe else 0.0
     metrics = {"weights/sync_s": time.perf_counter() - t0, "weights/sync_bytes": float(update.nbytes)}
