@@ -80,27 +80,33 @@ def checked(load_file: Any, path: str) -> dict[str, Any]:
 
 def streamed(conn: Any) -> Any:
     """The tensors of a bucket stream (`steprl.engines.transports.socket_stream`, its `decode`
-    restated), in order, each checked against its checksum, until ``{"op": "end"}``."""
+    restated), in order, each checked against its checksum, until ``{"op": "end"}``; a stream
+    that ends before its last bucket fails."""
+    expected, count = 0, None
+    while (header := conn.recv())["op"] != "end":
+        if header["op"] != "bucket" or header["index"] != expected or count not in (None, header["count"]):
+            raise ValueError(f"weight stream: bucket {header.get('index')} arrived where {expected} was due")
+        expected, count = expected + 1, header["count"]
+        yield from tensors_of(conn, header)
+    if count is not None and expected != count:  # the end came early: some tensors were never sent
+        raise ValueError(f"weight stream: ended after {expected} of {count} buckets")
+
+
+def tensors_of(conn: Any, header: dict[str, Any]) -> Any:
+    """One bucket's tensors off the stream, each checked against its checksum."""
     import warnings
     import zlib
 
     import torch
 
-    expected = 0
-    while (header := conn.recv())["op"] != "end":
-        if header["op"] != "bucket" or header["index"] != expected:
-            raise ValueError(f"weight stream: bucket {header.get('index')} arrived where {expected} was due")
-        expected += 1
-        for name, dtype, shape in header["tensors"]:
-            data = conn.recv_bytes()
-            if (zlib.crc32(data) if data else 0) != header["checksums"][name]:
-                raise ValueError(f"weight stream: {name} changed in flight (its checksum differs)")
-            with warnings.catch_warnings():  # read-only bytes: vLLM copies the tensor into its weights
-                warnings.simplefilter("ignore", UserWarning)
-                flat = (
-                    torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-                )
-            yield name, flat.view(getattr(torch, dtype)).reshape(shape)
+    for name, dtype, shape in header["tensors"]:
+        data = conn.recv_bytes()
+        if (zlib.crc32(data) if data else 0) != header["checksums"][name]:
+            raise ValueError(f"weight stream: {name} changed in flight (its checksum differs)")
+        with warnings.catch_warnings():  # read-only bytes: vLLM copies the tensor into its weights
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        yield name, flat.view(getattr(torch, dtype)).reshape(shape)
 
 
 def serve(conn: Any, args: argparse.Namespace) -> None:
