@@ -237,6 +237,7 @@ class RayRolloutPool:
             "torch_threads": torch_threads or max(1, int(cpus_per_worker)),
         }
         self._start_timeout_s, self._sync_timeout_s = start_timeout_s, sync_timeout_s
+        self._turn = -1  # the worker the last `generate` went to (round robin)
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
         self._workers = [self._spawn(k) for k in range(num_workers)]
         try:  # fail here, once, rather than as infra failures every step
@@ -340,7 +341,7 @@ class RayRolloutPool:
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, seed: int | None) -> Any:
         """One request on the next worker in turn: the ObjectRef of its `Generation`."""
-        self._turn = (getattr(self, "_turn", -1) + 1) % self.num_workers
+        self._turn = (self._turn + 1) % self.num_workers
         return self._workers[self._turn].generate.remote(list(prompt_ids), sampling, seed)
 
     def _broadcast(self, method: str, args: Callable[[int], tuple[Any, ...]]) -> dict[int, Any]:
