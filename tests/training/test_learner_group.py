@@ -171,3 +171,85 @@ def test_the_group_passes_check_learner_and_trains_lora_as_one_process_does(
             assert torch.equal(d1.a, d2.a) and torch.equal(d1.b, d2.b), d1.module
     finally:
         group.close()
+
+
+def _broadcast_pool(model, tokenizer, workers: int, timeout_s: float = 60.0):
+    from steprl.engines.base import SamplingParams
+    from steprl.engines.hf import EngineSettings
+    from steprl.rollout.chat import PlainFormat
+    from steprl.rollout.context import AppendOnly
+    from steprl.rollout.loop import Budgets
+    from steprl.rollout.ray_workers import RayRolloutPool, WorkerEnvs
+
+    return RayRolloutPool(
+        model,
+        PlainFormat(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        num_workers=workers,
+        envs=WorkerEnvs("calculator"),
+        rule=AppendOnly(),
+        sampling=SamplingParams(temperature=1.0),
+        budgets=Budgets(max_turns=1, max_tokens_per_turn=4),
+        engine_settings=EngineSettings(seed=0),
+        cpus_per_worker=0,  # the two ranks hold this Ray's two CPUs
+        torch_threads=1,
+        sync_timeout_s=timeout_s,
+        weight_sync="broadcast",
+    )
+
+
+def _worker_weights(pool) -> list[dict[str, torch.Tensor]]:
+    import ray
+
+    from steprl.engines.transports.ray_store import RayObjectStore
+
+    handles = ray.get([w.export_weights.remote() for w in pool._workers])
+    return [RayObjectStore().receive(h).full() for h in handles]
+
+
+def test_a_gloo_broadcast_from_rank_0_leaves_every_worker_bit_identical(
+    small_model, tokenizer, advantage_rows
+):
+    """`runtime.weight_sync: broadcast` from two FSDP2 ranks to two rollout workers: after each
+    sync every worker holds exactly the ranks' gathered weights (buckets smaller than a tensor:
+    several per sync); a worker killed between syncs copies a peer's; one killed before a sync is
+    replaced inside it; then the one-process sender (this process) takes over the group."""
+    import os
+    import signal
+
+    from steprl.engines.weights import WeightUpdate
+    from steprl.training.learn.learner_group import LearnerGroup
+
+    group = LearnerGroup(copy.deepcopy(small_model).train(), _settings(), ranks=2, timeout_s=120)
+    pool = _broadcast_pool(copy.deepcopy(small_model), tokenizer, workers=2)
+    try:
+        for version in (1, 2):
+            group.update(advantage_rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(version))
+            update = group.weights(version).rebucketed(4096)  # a few tensors a bucket
+            pool.sync_weights(update, version)
+            want = group._full()
+            for k, got in enumerate(_worker_weights(pool)):
+                assert set(got) == set(untied(small_model.state_dict())), k
+                assert all(torch.equal(got[n], want[n]) for n in got), f"worker {k}, version {version}"
+        assert group.sender._gathered is None, "the broadcast gathered the weights in the controller"
+
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)  # between syncs: replaced from worker 1
+        pool.replace_dead((0, pool._workers[0]), "killed by the test")
+        got = _worker_weights(pool)[0]
+        assert all(torch.equal(got[n], want[n]) for n in got)
+
+        os.kill(pool.worker_pids()[1], signal.SIGKILL)  # before a sync: the sync replaces it
+        group.update(advantage_rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(3))
+        pool.sync_weights(group.weights(3).rebucketed(4096), 3)
+        assert [k for k, _ in pool.replaced] == [0, 1]
+        want = group._full()
+        for got in _worker_weights(pool):
+            assert all(torch.equal(got[n], want[n]) for n in got)
+
+        mine = copy.deepcopy(small_model)  # a one-process learner: this process is rank 0
+        pool.sync_weights(WeightUpdate.of_tensors(mine.state_dict(), 4, bucket_bytes=4096), 4)
+        for got in _worker_weights(pool):
+            assert all(torch.equal(got[n], t) for n, t in untied(mine.state_dict()).items())
+    finally:
+        pool.close()
+        group.close()

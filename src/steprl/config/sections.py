@@ -321,6 +321,10 @@ class RuntimeSection(Section):
     weight_probe: bool = True
     weight_probe_bound: float | None = Field(None, gt=0)  # None: 1e-4 in fp32, 5e-2 in bf16
     weight_sync_timeout_s: float = Field(300.0, gt=0)  # deadline of one sync on each engine
+    # how full weights reach Ray rollout workers: "ray" (each bucket put in the object store
+    # once, every worker reads it) or "broadcast" (a gloo group of the learner's rank 0 and the
+    # workers, each bucket broadcast once: nothing gathered in the trainer, nothing stored)
+    weight_sync: Literal["ray", "broadcast"] = "ray"
     # the most tensor bytes in one bucket of a sync (a larger tensor travels alone): what a
     # transport holds at once beyond the model
     weight_bucket_mib: int = Field(256, gt=0)

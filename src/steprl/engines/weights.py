@@ -18,6 +18,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -63,6 +64,10 @@ class WeightUpdate:
     nbytes: int = 0
     #: the named tensors the buckets are cut from (`of_tensors`), so `rebucketed` can cut again
     source: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
+    #: where the buckets are made when not here: the learner's ranks, as a weights group's
+    #: sender (`rollout/weight_group.py: Sender`; its `gather` is what `produce` yields here)
+    remote: Any = field(default=None, repr=False)
+    bucket_bytes: int = BUCKET_BYTES  # the buckets' size, for a `remote` sender
 
     @staticmethod
     def of_tensors(
@@ -89,6 +94,10 @@ class WeightUpdate:
     def rebucketed(self, bucket_bytes: int) -> WeightUpdate:
         """The same tensors in buckets of at most `bucket_bytes` (`runtime.weight_bucket_mib`);
         an adapter, or an update not made by `of_tensors`, as it is."""
+        if self.remote is not None:  # gathered here (if asked) in buckets of that size too
+            remote, version = self.remote, self.version
+            produce = lambda: remote.gather(version, bucket_bytes)  # noqa: E731
+            return replace(self, bucket_bytes=bucket_bytes, produce=produce)
         if self.source is None or self.adapter is not None:
             return self
         return WeightUpdate.of_tensors(self.source, self.version, bucket_bytes, tied=False)

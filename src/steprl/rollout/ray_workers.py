@@ -36,8 +36,10 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.hf import EngineSettings, HFEngine, probe_answer
+from steprl.engines.transports import collective
+from steprl.engines.transports.collective import GroupAddress
 from steprl.engines.transports.ray_store import RayHandle, RayObjectStore
-from steprl.engines.weights import AnyUpdate, WeightSyncError, as_update
+from steprl.engines.weights import AnyUpdate, WeightSyncError, WeightUpdate, as_update
 from steprl.envs.base import Env
 from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
@@ -46,6 +48,7 @@ from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.loop import Budgets, RolloutSetup, failed_group, rollout_groups
+from steprl.rollout.weight_group import WeightGroup
 from steprl.types import Group, Task
 
 
@@ -140,6 +143,23 @@ class RolloutWorker:
         self.engine.update_weights(update, version)
         return True
 
+    async def join_weights_group(self, address: GroupAddress, rank: int) -> None:
+        """Join the pool's weights group (`runtime.weight_sync: broadcast`) as `rank`."""
+        self._weights_group = collective.join(address, rank)
+
+    async def receive_weights(self) -> int:
+        """The update being broadcast on the weights group, loaded bucket by bucket as it comes
+        (each checked: order, checksums). Returns its version."""
+        update = collective.receive(self._weights_group)
+        self.engine.update_weights(update, update.version)
+        return update.version
+
+    async def export_weights(self) -> RayHandle:
+        """This worker's current weights in the object store: what a replaced peer copies
+        between two broadcasts (sealed buckets, the tied head once)."""
+        model = self.engine.model
+        return RayObjectStore().send(WeightUpdate.of_tensors(model.state_dict(), self.engine.version))
+
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, seed: int | None
     ) -> Generation:
@@ -203,6 +223,7 @@ class RayRolloutPool:
         rollout_timeout_s: float | None = None,
         start_timeout_s: float = 300.0,
         sync_timeout_s: float = 300.0,
+        weight_sync: Literal["ray", "broadcast"] = "ray",
     ) -> None:
         """`model` is copied into each worker (pickled once into the object store); each
         worker's engine has the run's `engine_settings`, as the in-process engine does.
@@ -238,6 +259,10 @@ class RayRolloutPool:
         }
         self._start_timeout_s, self._sync_timeout_s = start_timeout_s, sync_timeout_s
         self._turn = -1  # the worker the last `generate` went to (round robin)
+        # broadcast: full weights by a gloo group with the learner (adapters still by the store)
+        self._group = WeightGroup(_group_host(), sync_timeout_s) if weight_sync == "broadcast" else None
+        self._syncing = False  # a sync in progress re-sends to a replaced worker itself
+        self._orphan: str | None = None  # a replaced worker that could not get the weights
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
         self._workers = [self._spawn(k) for k in range(num_workers)]
         try:  # fail here, once, rather than as infra failures every step
@@ -259,6 +284,7 @@ class RayRolloutPool:
     ) -> list[Group]:
         """`group_size` episodes of every task, split over the workers; groups in task order.
         `first_index`: the stream position of `tasks[0]` (it keys the episode seeds)."""
+        self._check_orphan()
         tasks = list(tasks)
         shares = _split(len(tasks), self.num_workers)
         refs = [
@@ -284,6 +310,7 @@ class RayRolloutPool:
     def start_group(self, task: Task, group_size: int, *, seed: int, index: int) -> tuple[Any, Any]:
         """Start one group on a worker (round robin by stream index, so a run's groups spread
         the same way each time): ((slot, actor), the ObjectRef of its `[Group]`)."""
+        self._check_orphan()
         slot = index % self.num_workers
         worker = self._workers[slot]
         return (slot, worker), worker.rollout.remote([task], group_size, seed, index)
@@ -299,11 +326,59 @@ class RayRolloutPool:
         each bucket `ray.put` once, on CPU; each worker reads them in order). With LoRA, the
         adapters only; each worker merges them into its base copy. A rebuilt worker starts
         from the base and gets the latest update, which is all it needs: merges are from W0,
-        not cumulative."""
-        handle = RayObjectStore().send(as_update(update, version))
+        not cumulative. With `weight_sync: broadcast`, full weights go by the weights group
+        (`rollout/weight_group.py`) instead, to every worker at once; a worker that dies or
+        hangs on the way is replaced and the update sent again, once."""
+        update = as_update(update, version)
+        if self._group is not None and update.adapter is None:
+            self._sync_by_group(update)
+            self._version, self._orphan = version, None
+            return
+        handle = RayObjectStore().send(update)
         self._version = version
         self._remember(("update_weights", handle, version))
         self._broadcast("update_weights", lambda k: (handle, version))
+
+    def _sync_by_group(self, update: WeightUpdate) -> None:
+        assert self._group is not None
+        self._syncing = True
+        try:
+            for _ in range(3):  # a dead worker found, replaced inside a broadcast, then a last try
+                failed = self._group.sync(update, self._workers)
+                if not failed:
+                    return
+                for k, (why, dead) in failed.items():
+                    if dead:
+                        self._replace(k, why)
+            raise WeightSyncError(
+                f"the weight sync to version {update.version} failed three times by broadcast: "
+                + "; ".join(f"rollout worker {k} {why}" for k, (why, _) in failed.items())
+            )
+        finally:
+            self._syncing = False
+
+    def _copy_from_peer(self, index: int) -> None:
+        """A worker replaced between two broadcasts copies the current weights from another
+        (its `export_weights`): the learner is busy with the next update and may hold newer ones."""
+        for k, peer in enumerate(self._workers):
+            if k == index:
+                continue
+            try:
+                wait = self._sync_timeout_s
+                handle = ray.get(peer.export_weights.remote(), timeout=wait)
+                ray.get(self._workers[index].update_weights.remote(handle, self._version), timeout=wait)
+                return
+            except (GetTimeoutError, RayError):
+                continue
+        self._orphan = (
+            f"rollout worker {index} was replaced and no other worker could give it version "
+            f"{self._version} (runtime.weight_sync: broadcast sends weights only at a sync); "
+            "resume from the last checkpoint, or use runtime.weight_sync: ray"
+        )
+
+    def _check_orphan(self) -> None:
+        if self._orphan is not None:
+            raise WeightSyncError(self._orphan)
 
     def load_snapshots(self, state: Mapping[str, Any]) -> None:
         """A resume's cross-policy snapshots to every worker (before the current weights)."""
@@ -386,38 +461,15 @@ class RayRolloutPool:
         ray.kill(self._workers[index], no_restart=True)
         self._workers[index] = self._spawn(index)
         self.replaced.append((index, why))
+        if self._group is not None:  # the group lost a member; between syncs, a peer's weights
+            self._group.stale()
+            if not self._syncing and self._version != self._spawn_version:
+                self._copy_from_peer(index)
 
 
-class PoolEngine:
-    """The `ServingEngine` a run with `runtime.placement: separate` holds: no weights, only the
-    pool. Each request goes to a rollout worker's engine (evaluation, the weight-sync probe), so
-    the trainer process holds no engine copy; weights reach the workers through the pool's sync
-    (`RayProducer.publish`), so `update_weights` here only follows the version."""
-
-    snapshots = None  # cross-policy snapshots live in the workers' engines (refused with separate)
-    max_positions: int | None = None
-
-    def __init__(self, pool: RayRolloutPool) -> None:
-        self.pool = pool
-
-    @property
-    def version(self) -> int:
-        return self.pool.version
-
-    async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, seed: int | None = None
-    ) -> Generation:
-        gen: Generation = await self.pool.generate(prompt_ids, sampling, seed)
-        return gen
-
-    def update_weights(self, state_dict: AnyUpdate, version: int) -> None:
-        """Nothing to load here: the pool's workers get the weights (`RayRolloutPool.sync_weights`)."""
-
-    def reset_scheduler(self) -> None:
-        """The requests live in the workers; an abandoned one finishes there unread."""
-
-    def close(self) -> None:
-        """The pool is closed by its owner."""
+def _group_host() -> str:
+    """Where the weights group's store listens: loopback on one node, else this node's address."""
+    return "127.0.0.1" if len(ray.nodes()) <= 1 else ray.util.get_node_ip_address()
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:

@@ -10,13 +10,14 @@ process boundary, picklable where it must be) and back into an update on the rec
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from steprl.engines.transports.collective import Broadcast
 from steprl.engines.transports.files import SafetensorsFiles
 from steprl.engines.transports.inprocess import InProcess
 from steprl.engines.transports.ray_store import RayObjectStore
@@ -40,6 +41,9 @@ WEIGHT_SYNC: Registry[Callable[[Path], Transport]] = Registry(
         "ray": lambda _: RayObjectStore(),  # Ray rollout workers (runtime.rollout_workers)
         "socket": lambda _: SocketStream(),  # the vLLM worker process (rollout.engine: vllm)
         "files": SafetensorsFiles,  # the vLLM worker, where a socket cannot reach it (and adapters)
+        # Ray rollout workers in a gloo group with the learner (runtime.weight_sync: broadcast);
+        # here both ends of a real two-member group in one process
+        "broadcast": lambda _: Broadcast.loopback(),
     },
     key="weight_sync",
     what="weight transport",
@@ -63,11 +67,11 @@ def check_weight_sync(transport: Transport, sender: torch.nn.Module, receiver: t
     try:
         got = transport.receive(handle)
         assert got.version == 7 and got.names == update.names, (got.version, got.names[:3])
-        load_in_place(receiver, got)
+        buckets: list[Bucket] = []  # as they arrived (a collective sends each once)
+        load_in_place(receiver, _replay(got, _recorded(got, buckets)))
         theirs = receiver.state_dict()
         for name, tensor in own.items():
             assert torch.equal(theirs[name], tensor), f"{name} differs after the transport"
-        buckets = list(transport.receive(handle).produce())
         assert len(buckets) >= 3, f"{len(buckets)} buckets: too few to lose one in the middle"
         broken_streams = [
             ([buckets[0], *buckets[2:]], "lost"),
@@ -96,7 +100,13 @@ def _flipped(bucket: Bucket) -> Bucket:
     return replace(bucket, tensors={**bucket.tensors, name: raw})
 
 
-def _replay(update: WeightUpdate, buckets: list[Bucket]) -> WeightUpdate:
+def _recorded(update: WeightUpdate, into: list[Bucket]) -> Iterator[Bucket]:
+    for bucket in update.produce():
+        into.append(bucket)
+        yield bucket
+
+
+def _replay(update: WeightUpdate, buckets: Iterable[Bucket]) -> WeightUpdate:
     return WeightUpdate(update.version, update.names, lambda: iter(buckets))
 
 

@@ -15,7 +15,7 @@ checkpoint holds the full weights and optimizer state, written as one process wr
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,12 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from torch import nn
 
-from steprl.engines.weights import WeightUpdate, untied
+from steprl.engines.transports.collective import GroupAddress
+from steprl.engines.weights import BUCKET_BYTES, Bucket, WeightUpdate, untied
 from steprl.errors import UserError
 from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
+from steprl.rollout.weight_group import Waiter, ray_waiter
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn import optimizer_state
 from steprl.training.learn.batching import minibatches
@@ -92,6 +94,29 @@ class _Rank:
 _RankActor = ray.remote(_Rank)
 
 
+class RanksSender:
+    """The ranks as rank 0 of a weights group (`rollout/weight_group.py: Sender`): rank 0 joins
+    and broadcasts, every rank gathers its shards into rank 0's bucket as it goes; or, for an
+    engine in this process, the full weights gathered here (the last version's kept)."""
+
+    def __init__(self, group: LearnerGroup) -> None:
+        self.group = group
+        self._gathered: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def join(self, address: GroupAddress) -> Waiter:
+        return ray_waiter([self.group.actors[0].call.remote("join_weights_group", address)])
+
+    def send(self, update: WeightUpdate) -> Waiter:
+        args = (update.version, list(update.names), update.bucket_bytes)
+        return ray_waiter([a.call.remote("broadcast_weights", *args) for a in self.group.actors])
+
+    def gather(self, version: int, bucket_bytes: int) -> Iterator[Bucket]:
+        if self._gathered is None or self._gathered[0] != version:
+            full = self.group._full()  # the ranks' shards join into separate tensors: the tie is the model's
+            self._gathered = (version, {k: full[k] for k in self.group.untied})
+        return iter(WeightUpdate.of_tensors(self._gathered[1], version, bucket_bytes).produce())
+
+
 class LearnerGroup:
     """The `Learner` protocol over N FSDP2 ranks. `model` (CPU) is the policy as it starts: each
     rank gets a copy and shards it; this process keeps it to write the final model."""
@@ -124,6 +149,8 @@ class LearnerGroup:
         self._gpus, self._offload = gpus_per_rank, cpu_offload
         self.shapes = {k: v.shape for k, v in model.state_dict().items()}  # what joined shards must be
         self.untied = tuple(untied(model.state_dict()))  # what the engines get: a tied head once
+        self._nbytes = sum(t.numel() * t.element_size() for t in untied(model.state_dict()).values())
+        self.sender = RanksSender(self)
         # LoRA: what the engines get and a checkpoint holds is the adapters (the trainable tensors)
         self.adapters = (
             {n: p.shape for n, p in model.named_parameters() if p.requires_grad} if is_peft(model) else None
@@ -258,8 +285,16 @@ class LearnerGroup:
         if self.adapters is not None:  # LoRA: the adapters alone, merged by the engines
             self._pull_adapters()
             return WeightUpdate.of_adapter(adapter_update(self.model), version)
-        full = self._full()  # the ranks' shards join into separate tensors: the tie is the model's
-        return WeightUpdate.of_tensors({k: full[k] for k in self.untied}, version)
+        # no gather here: a weights group's broadcast sends from rank 0 (`remote`), and only an
+        # engine in this process (or the object store's path) gathers, once per version
+        sender = self.sender
+        return WeightUpdate(
+            version,
+            self.untied,
+            lambda: sender.gather(version, BUCKET_BYTES),
+            nbytes=self._nbytes,
+            remote=sender,
+        )
 
     def _full(self) -> dict[str, torch.Tensor]:
         from steprl.training.learn.rank_learner import join_shards  # noqa: PLC0415 - torch.distributed

@@ -48,6 +48,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from steprl.engines.transports import collective
+from steprl.engines.transports.collective import GroupAddress
 from steprl.extras import require
 from steprl.rollout.views import Sample
 from steprl.training.learn import sharded_state
@@ -246,6 +248,19 @@ class RankLearner(LocalLearner):
                 raise ValueError(f"{name}: sharded as {t.placements}; only dim-0 shards are joined")
             out[name] = local_tensor(t).detach().cpu().clone()
         return out
+
+    def join_weights_group(self, address: GroupAddress) -> None:
+        """Rank 0 joins the engines' weights group as its sender (the others gather for it)."""
+        self._weights_group = collective.join(address, 0) if self.rank == 0 else None
+
+    def broadcast_weights(self, version: int, names: Sequence[str], bucket_bytes: int) -> int:
+        """Every rank: the weights `names` to the weights group as `version`, one bucket at a
+        time (`collective.send_sharded`). Returns the bytes rank 0 sent."""
+        group = getattr(self, "_weights_group", None)
+        state = self.model.state_dict()
+        return collective.send_sharded(
+            group, state, names, version, bucket_bytes, rank=self.rank, world=self.world
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """This rank's shards of the weights and the optimizer state (plain tensors)."""

@@ -62,6 +62,7 @@ RESUMABLE_CHANGES = frozenset(
         "runtime.learner_timeout_s",
         "runtime.learner_gpus_per_rank",
         "runtime.learner_cpu_offload",
+        "runtime.weight_sync",  # how weights travel, not what they are
     }
 )
 

@@ -202,7 +202,7 @@ def build(
     setup = rollout_setup(cfg, engine, fmt, envs, sampling, run)
     remote = _rollout_workers(cfg, run, engine, fmt, rule, sampling, policy, learner, cleanup, log)
     if cfg.runtime.placement == "separate":  # the workers hold the engines: drop this one's weights
-        from steprl.rollout.ray_workers import PoolEngine  # noqa: PLC0415 - Ray, only when asked
+        from steprl.rollout.pool_engine import PoolEngine  # noqa: PLC0415 - Ray, only when asked
 
         held.clear()  # an HF engine (rollout workers refuse vLLM): nothing to close, its weights go
         engine = PoolEngine(remote)  # type: ignore[assignment]
@@ -251,6 +251,16 @@ def _refuse_combinations(cfg: Config, run: env_setup.RunEnvs) -> None:
         raise UserError(
             "runtime.placement=separate puts the engines on Ray rollout workers: set "
             "runtime.backend=ray and runtime.rollout_workers >= 1"
+        )
+    if rt.weight_sync == "broadcast" and not (rt.backend == "ray" and rt.rollout_workers > 0):
+        raise UserError(
+            "runtime.weight_sync=broadcast sends the weights to Ray rollout workers: set "
+            "runtime.backend=ray and runtime.rollout_workers >= 1"
+        )
+    if rt.weight_sync == "broadcast" and cfg.rollout.cross_policy is not None:
+        raise UserError(
+            "rollout.cross_policy with runtime.weight_sync=broadcast: a replaced worker replays its "
+            "snapshots from the object store; use runtime.weight_sync=ray"
         )
     if rt.placement == "separate" and cfg.rollout.cross_policy is not None:
         raise UserError(
@@ -402,11 +412,13 @@ def _rollout_workers(
         engine_settings=engine_settings(cfg),
         torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
         sync_timeout_s=cfg.runtime.weight_sync_timeout_s,
+        weight_sync=cfg.runtime.weight_sync,
     )
     cleanup.callback(remote.close)
     if is_peft(policy.model):
         remote.sync_weights(learner.weights(engine.version), version=engine.version)
-    log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers")
+    how = "a gloo broadcast" if cfg.runtime.weight_sync == "broadcast" else "the object store"
+    log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers, weights by {how}")
     return remote
 
 
