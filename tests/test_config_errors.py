@@ -9,6 +9,7 @@ torch import is paid once in wall time, and check exit 2, one output line and no
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -386,3 +387,27 @@ def test_a_setting_of_learner_ranks_without_ranks_is_one_line(setting: str) -> N
     with pytest.raises(UserError, match=r"is a setting of learner ranks \(runtime.learner_ranks > 1\)"):
         _refuse_combinations(load_config(None, [setting]), None)  # type: ignore[arg-type]
     _refuse_combinations(load_config(None, [setting, "runtime.learner_ranks=2"]), None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        (["runtime.weight_sync=broadcast"], "sends the weights to Ray rollout workers"),
+        (
+            [
+                "runtime.weight_sync=broadcast",
+                "runtime.backend=ray",
+                "runtime.rollout_workers=1",
+                "rollout.cross_policy={snapshots: 2}",
+                "algorithm.policy_loss=decoupled_ppo",
+            ],
+            "rollout.cross_policy with runtime.weight_sync=broadcast",
+        ),
+    ],
+    ids=["no-workers", "cross-policy"],
+)
+def test_a_broadcast_sync_without_what_it_needs_is_one_line(settings: list[str], needle: str) -> None:
+    from steprl.training.setup.build import _refuse_combinations
+
+    with pytest.raises(UserError, match=re.escape(needle)):
+        _refuse_combinations(load_config(None, settings), None)  # type: ignore[arg-type]

@@ -22,12 +22,15 @@ RUNTIMES = {
     "http": ["runtime.backend=http"],
     "ray": ["runtime.backend=ray", "runtime.env_workers=2"],
     # the engines apart from the trainer (which holds none): the rollouts, the evaluation and the
-    # weight-sync probe all on the worker (the colocated pool with rollout workers: make soak)
-    "ray_rollout_worker": [
+    # weight-sync probe all on two workers, the learner on two FSDP2 ranks, every sync a gloo
+    # broadcast from learner rank 0 (the colocated pool, and async: make soak)
+    "ray_rollout_workers": [
         "runtime.backend=ray",
         "runtime.env_workers=1",
-        "runtime.rollout_workers=1",
+        "runtime.rollout_workers=2",
         "runtime.placement=separate",
+        "runtime.learner_ranks=2",
+        "runtime.weight_sync=broadcast",
     ],
 }
 
@@ -79,3 +82,27 @@ def test_same_seed_same_metrics_on_every_backend(inprocess, runtime) -> None:
 
 def _same(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-8)
+
+
+BROADCAST = RUNTIMES["ray_rollout_workers"]
+
+
+@pytest.mark.soak  # two runs of two ranks and two workers (25 s); the separate, sync run is above
+@pytest.mark.parametrize(
+    "extra",
+    [["runtime.placement=colocated"], ["rollout.max_staleness=2"]],
+    ids=["colocated", "async"],
+)
+def test_a_broadcast_sync_is_proven_colocated_and_async(inprocess, extra) -> None:
+    """The gloo broadcast from learner rank 0 with the trainer's own engine beside the workers
+    (colocated: it is given the gathered weights, the workers the broadcast), and asynchronously
+    (syncs land while rollouts run): every sync's probe within 1e-6 on every engine."""
+    tmp, reference = inprocess
+    result = _run(tmp, "-".join(extra), [*BROADCAST, *extra])
+    assert len(result.history) == len(reference.history)
+    assert max(m["weights/probe_gap"] for m in result.history) <= 1e-6
+    assert all(m["end/infra_failed"] == 0 and m["traj/in"] == m["traj/out"] for m in result.history)
+    if "runtime.placement=colocated" in extra:  # the same run as one process's, metric for metric
+        for got, want in zip(result.history, reference.history, strict=True):
+            got, want = _comparable(got), _comparable(want)
+            assert all(_same(got[k], want[k]) for k in want), {k for k in want if not _same(got[k], want[k])}

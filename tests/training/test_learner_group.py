@@ -224,7 +224,8 @@ def test_a_gloo_broadcast_from_rank_0_leaves_every_worker_bit_identical(
     pool = _broadcast_pool(copy.deepcopy(small_model), tokenizer, workers=2)
     try:
         for version in (1, 2):
-            group.update(advantage_rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(version))
+            shuffle = torch.Generator().manual_seed(version)
+            group.update(advantage_rows, epochs=1, mini_batches=1, generator=shuffle)
             update = group.weights(version).rebucketed(4096)  # a few tensors a bucket
             pool.sync_weights(update, version)
             want = group._full()
@@ -253,3 +254,32 @@ def test_a_gloo_broadcast_from_rank_0_leaves_every_worker_bit_identical(
     finally:
         pool.close()
         group.close()
+
+
+@pytest.mark.soak  # a deadline spent on purpose (20 s)
+def test_a_worker_that_hangs_in_a_broadcast_sync_is_replaced_within_the_deadline(small_model, tokenizer):
+    """A rollout worker stopped (SIGSTOP: it holds its connections and never reads) when a
+    broadcast sync starts: the sync gives up on it at `sync_timeout_s`, replaces it, forms the
+    group again and sends the weights again; every worker ends bit-identical to the sender."""
+    import os
+    import signal
+    import time
+
+    from steprl.engines.weights import WeightUpdate
+
+    pool = _broadcast_pool(copy.deepcopy(small_model), tokenizer, workers=2, timeout_s=20)
+    try:
+        mine = copy.deepcopy(small_model)
+        pool.sync_weights(WeightUpdate.of_tensors(mine.state_dict(), 1, bucket_bytes=4096), 1)
+        with torch.no_grad():
+            for p in mine.parameters():
+                p.add_(0.01)
+        os.kill(pool.worker_pids()[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        pool.sync_weights(WeightUpdate.of_tensors(mine.state_dict(), 2, bucket_bytes=4096), 2)
+        assert time.monotonic() - t0 < 2 * 20, "past the deadline"
+        assert [k for k, _ in pool.replaced] == [1]
+        for got in _worker_weights(pool):
+            assert all(torch.equal(got[n], t) for n, t in untied(mine.state_dict()).items())
+    finally:
+        pool.close()

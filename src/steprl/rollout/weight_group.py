@@ -30,6 +30,10 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from steprl.engines.transports.collective import Broadcast, GroupAddress, GroupHost, join
 from steprl.engines.weights import WeightSyncError, WeightUpdate
 
+#: how long a worker past a sync's deadline has to answer a ping (its own group deadline ends
+#: about then): one that does was only held up by a peer that hung, and stays
+GRACE_S = 5.0
+
 #: waits for what a member started, at most the seconds given; raises what it raised
 Waiter = Callable[[float], Any]
 
@@ -100,13 +104,13 @@ class WeightGroup:
         members = (sender, *workers)
         if self._members != members:
             # a dead member would hold every other one in the join until the deadline: ask first
-            failed = self._wait_workers([w.pid.remote() for w in workers], deadline, "answering")
+            failed = self._wait_workers(workers, [w.pid.remote() for w in workers], deadline, "answering")
             if failed:
                 return failed
             address = self.host.address(len(workers) + 1, self.timeout_s)
             sender_joined = sender.join(address)
             refs = [w.join_weights_group.remote(address, k + 1) for k, w in enumerate(workers)]
-            failed = self._wait_workers(refs, deadline, "joining the weights group")
+            failed = self._wait_workers(workers, refs, deadline, "joining the weights group")
             if failed:  # the sender waits for the missing member until the deadline
                 with contextlib.suppress(Exception):
                     sender_joined(max(0.0, deadline - time.monotonic()))
@@ -115,7 +119,7 @@ class WeightGroup:
             self._members = members
         sent = sender.send(update)
         refs = [w.receive_weights.remote() for w in workers]
-        failed = self._wait_workers(refs, deadline, f"receiving version {update.version}")
+        failed = self._wait_workers(workers, refs, deadline, f"receiving version {update.version}")
         if failed:
             self._members = None  # a member left mid-broadcast: the group is broken
             with contextlib.suppress(Exception):  # the sender's broadcast failed with the worker
@@ -124,8 +128,11 @@ class WeightGroup:
         self._wait_sender(sent, deadline, update.version, "broadcasting")
         return {}
 
-    def _wait_workers(self, refs: Sequence[Any], deadline: float, doing: str) -> dict[int, tuple[str, bool]]:
-        failed = {}
+    def _wait_workers(
+        self, workers: Sequence[Any], refs: Sequence[Any], deadline: float, doing: str
+    ) -> dict[int, tuple[str, bool]]:
+        failed: dict[int, tuple[str, bool]] = {}
+        late = []
         for k, ref in enumerate(refs):
             try:
                 ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
@@ -135,8 +142,18 @@ class WeightGroup:
                     self._members = None
                     raise WeightSyncError(f"rollout worker {k}: {cause}") from None
                 failed[k] = (f"{doing}: {type(cause or exc).__name__}", False)  # the group broke under it
-            except (GetTimeoutError, RayError) as exc:  # dead, or past the deadline
+            except GetTimeoutError:
+                late.append(k)
+            except RayError as exc:  # dead
                 failed[k] = (f"{doing}: {type(exc).__name__}", True)
+        if late:  # hung, or held up by the one that hung: a worker whose own deadline frees it answers
+            pings = {k: workers[k].pid.remote() for k in late}
+            for k, ping in pings.items():
+                try:
+                    ray.get(ping, timeout=max(1.0, min(GRACE_S, self.timeout_s / 4)))
+                    failed[k] = (f"{doing}: held up past the deadline", False)
+                except (GetTimeoutError, RayError):
+                    failed[k] = (f"{doing}: no answer within runtime.weight_sync_timeout_s", True)
         return failed
 
     def _wait_sender(self, waiter: Waiter, deadline: float, version: int, doing: str) -> None:

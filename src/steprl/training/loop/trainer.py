@@ -89,6 +89,7 @@ def train(cfg: Config, log: Callable[[str], None] = print) -> TrainResult:
         # this process's until it ends, from before anything is cleared: a second is one line
         cleanup.enter_context(run_lock.hold_run_dir(Path(cfg.run.output_dir) / cfg.run.name))
         plan = resume.plan_run_dir(cfg, log)  # fresh, resumed or refused: nothing touched yet
+        env_setup.start_ray(cfg, log)  # before the first actor: sized to what the run reserves
         envs = cleanup.enter_context(env_setup.env_pool(cfg))
         try:
             return _train(cfg, envs, plan, cleanup, log)

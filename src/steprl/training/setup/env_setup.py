@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -171,6 +173,25 @@ def run_envs(cfg: Config) -> RunEnvs:
     entries = cfg.env.entries()
     where = (lambda k: "env") if len(entries) == 1 else (lambda k: f"env.mix.{k}")
     return RunEnvs(tuple(RunEnv(e, _entry_spec(e, where(k))) for k, e in enumerate(entries)))
+
+
+def start_ray(cfg: Config, log: Callable[[str], None]) -> None:
+    """Start this run's private local Ray with at least the CPUs its actors reserve (learner
+    ranks 1 each, rollout workers 1 each, env actors 0.25 each), so a run that fits a laptop's
+    memory is not refused for its core count: Ray's CPUs are scheduling slots, and the ranks and
+    workers set their own thread counts. A joined cluster (`RAY_ADDRESS`) is left as it is."""
+    rt = cfg.runtime
+    if os.environ.get("RAY_ADDRESS") or not (rt.backend == "ray" or rt.learner_ranks > 1):
+        return
+    env_actors = rt.env_workers * (1 + rt.rollout_workers) if rt.backend == "ray" else 0
+    reserved = (rt.learner_ranks if rt.learner_ranks > 1 else 0) + rt.rollout_workers + 0.25 * env_actors
+    cores = os.cpu_count() or 1
+    slots = max(cores, math.ceil(reserved))
+    if slots > cores:
+        log(f"ray: a local instance of {slots} CPU slots on {cores} cores (the actors reserve {reserved:g})")
+    from steprl.hosting.ray_backend import ensure_ray  # noqa: PLC0415 - Ray, only when the run uses it
+
+    ensure_ray(num_cpus=slots)
 
 
 @contextlib.contextmanager
