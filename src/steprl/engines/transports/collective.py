@@ -13,9 +13,10 @@ is laid out by *part*: from one process a part is the bucket's tensors back to b
 FSDP2 ranks, part r is rank r's dim-0 shards of the bucket's tensors (`send_sharded`), gathered
 into rank 0's payload buffer as they are (one `gather` per bucket), so rank 0 never holds a
 tensor twice nor the whole model: its extra memory is one bucket (plus padding to the largest
-part). A receiver joins each tensor's parts (dim-0 shards are consecutive bytes of the full
-tensor) and checks it against the sender's CRC (`Receiver`), so a changed byte is refused by
-name. Deadlines are the group's timeout: a member that dies or stops reading fails every
+part). From one process each tensor is broadcast from its own memory: nothing is copied. A
+receiver joins each tensor's parts (dim-0 shards are consecutive bytes of the full tensor)
+and checks it against the sender's CRC (`Receiver`), so a changed byte is refused by name.
+Deadlines are the group's timeout: a member that dies or stops reading fails every
 collective within it, never a silent hang.
 """
 
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from steprl.engines.lora_merge import AdapterUpdate, LoraDelta
-from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, plan_buckets
+from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, checksum, plan_buckets
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,23 @@ class _Layout:
 
 
 def _send_bucket(
-    group: dist.ProcessGroupGloo, layout: _Layout, payload: torch.Tensor, index: int, count: int, version: int
-) -> None:
+    group: dist.ProcessGroupGloo,
+    layout: _Layout,
+    pieces: Sequence[torch.Tensor],
+    checksums: Mapping[str, int],
+    at: tuple[int, int, int],
+) -> int:
+    """One bucket: its description, then its payload as `pieces` (consecutive byte ranges of
+    it, each broadcast as it lies in memory: a tensor's own bytes need no copy). `at`: the
+    bucket's (version, index, count)."""
+    version, index, count = at
     meta = {"version": version, "index": index, "count": count, "tensors": layout.tensors}
-    _send_json(group, meta | {"sizes": layout.sizes, "checksums": layout.crcs(payload)})
-    _bcast(group, payload)
+    meta |= {"sizes": layout.sizes, "checksums": dict(checksums), "pieces": [p.numel() for p in pieces]}
+    _send_json(group, meta)
+    for piece in pieces:
+        if piece.numel():
+            _bcast(group, piece)
+    return sum(p.numel() for p in pieces)
 
 
 def send(group: dist.ProcessGroupGloo, update: WeightUpdate) -> int:
@@ -155,11 +168,10 @@ def send(group: dist.ProcessGroupGloo, update: WeightUpdate) -> int:
     sent = 0
     for bucket in update.buckets():
         tensors = [(n, str(t.dtype), list(t.shape)) for n, t in bucket.tensors.items()]
-        flat = [_bytes(t.cpu()) for t in bucket.tensors.values()]
-        payload = torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8)
-        layout = _Layout(tensors, [[f.numel() for f in flat]])
-        _send_bucket(group, layout, payload, bucket.index, bucket.count, bucket.version)
-        sent += payload.numel()
+        flat = [_bytes(t.cpu()) for t in bucket.tensors.values()]  # views: nothing copied on a CPU
+        crcs = {n: checksum(t) for n, t in bucket.tensors.items()}
+        at = (bucket.version, bucket.index, bucket.count)
+        sent += _send_bucket(group, _Layout(tensors, [[f.numel() for f in flat]]), flat, crcs, at)
     return sent
 
 
@@ -176,7 +188,14 @@ def receive(group: dist.ProcessGroupGloo) -> WeightUpdate:
             meta = _recv_json(group)
             layout = _Layout([tuple(t) for t in meta["tensors"]], meta["sizes"])
             payload = torch.empty(layout.stride * len(layout.sizes), dtype=torch.uint8)
-            _bcast(group, payload)
+            if sum(meta["pieces"]) != payload.numel():
+                where = f"bucket {meta['index']} of version {version}"
+                raise WeightSyncError(f"{where}: its pieces do not cover it")
+            start = 0
+            for size in meta["pieces"]:  # received in place, piece by piece
+                if size:
+                    _bcast(group, payload[start : start + size])
+                start += size
             tensors = {}
             for k, (name, dtype, shape) in enumerate(layout.tensors):
                 pieces = [p for p in layout.pieces(payload, k) if p.numel()]
@@ -252,8 +271,8 @@ def send_sharded(
         dist.gather(local, list(payload.view(world, -1)) if payload is not None else None, dst=0)
         del local
         if group is not None and payload is not None:
-            _send_bucket(group, layout, payload.cpu(), index, len(plan), version)
-            sent += payload.numel()
+            payload = payload.cpu()
+            sent += _send_bucket(group, layout, [payload], layout.crcs(payload), (version, index, len(plan)))
     return sent
 
 
