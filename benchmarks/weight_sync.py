@@ -15,6 +15,10 @@ config's: r 16 on q, k, v and o):
   checked and loaded;
 * `socket` (`WEIGHT_SYNC["socket"]`, now for vLLM): the buckets streamed over a pipe to a child
   process that decodes and checks every tensor (what the vLLM worker does before its reload);
+* `gloo broadcast` (`WEIGHT_SYNC["broadcast"]`, `runtime.weight_sync: broadcast`): each tensor
+  broadcast from its own memory on a gloo group to a process that receives and checks every
+  bucket (the one-process learner's path; learner ranks gather one bucket at a time into
+  rank 0 first);
 * `inprocess`: views copied in place (the engine beside the learner);
 * the adapter: its bytes, through Ray and as the PEFT directory vLLM loads.
 
@@ -92,6 +96,23 @@ def reader(conn: Any) -> None:
         seen.take(bucket)
 
 
+def group_reader(address: Any, conn: Any) -> None:
+    """The receiving end of the broadcast path: rank 1 of a gloo group; every bucket of each
+    update received and checked (order, CRC-32 per tensor), as a Ray rollout worker does before
+    it loads them."""
+    from steprl.engines.transports.collective import join, receive
+
+    torch.set_num_threads(1)
+    group = join(address, 1)
+    while True:
+        update = receive(group)
+        if update.version < 0:
+            return
+        for _ in update.buckets():
+            pass
+        conn.send("done")
+
+
 def measure(run: Callable[[], int], repeats: int) -> tuple[float, int, int]:
     """Median seconds, bytes moved, peak extra sender memory (the largest over the repeats)."""
     times, extra, moved = [], 0, 0
@@ -165,6 +186,22 @@ def main() -> None:
         assert parent.recv() == "done"
         return update.nbytes
 
+    from steprl.engines.transports.collective import GroupHost, join
+    from steprl.engines.transports.collective import send as broadcast
+
+    host = GroupHost(timeout_s=600)
+    address = host.address(2, 600)
+    b_parent, b_child = mp.get_context("spawn").Pipe()
+    b_proc = mp.get_context("spawn").Process(target=group_reader, args=(address, b_child), daemon=True)
+    b_proc.start()
+    group = join(address, 0)
+
+    def gloo_broadcast() -> int:  # each tensor from its own memory to another process's group end
+        update = WeightUpdate.of_tensors(learner, 1)
+        broadcast(group, update)
+        assert b_parent.recv() == "done"
+        return update.nbytes
+
     peft = apply_lora(
         copy.deepcopy(model),
         SimpleNamespace(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
@@ -184,19 +221,22 @@ def main() -> None:
         ("full: ray, buckets", transport("ray")),
         ("full: files (before, vLLM)", transport("files", tied=False)),
         ("full: socket (vLLM now)", socket),
+        ("full: gloo broadcast (Ray workers)", gloo_broadcast),
         ("full: inprocess", transport("inprocess")),
         ("adapter: ray", adapter_ray),
         ("adapter: PEFT files (vLLM)", adapter_files),
     ]
-    print(f"{'':32}{'s / sync':>10}{'MiB moved':>11}{'sender extra MiB':>18}")
+    print(f"{'':36}{'s / sync':>10}{'MiB moved':>11}{'sender extra MiB':>18}")
     for name, run in rows:
         if args.only not in name:
             continue
         s, moved, extra = measure(run, args.repeats)
-        print(f"{name:32}{s:10.3f}{moved / 2**20:11.2f}{extra / 2**20:18.1f}")
+        print(f"{name:36}{s:10.3f}{moved / 2**20:11.2f}{extra / 2**20:18.1f}")
     print(f"adapter / full bytes: {adapter.nbytes() / full:.4f}")
     parent.send(None)
     proc.join(10)
+    broadcast(group, WeightUpdate(-1))
+    b_proc.join(10)
     ray.shutdown()
 
 
