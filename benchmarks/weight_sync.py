@@ -51,9 +51,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from steprl.engines.transports import WEIGHT_SYNC  # noqa: E402
-from steprl.engines.transports.socket_stream import chain, decode  # noqa: E402
+from steprl.engines.transports.socket_stream import chain  # noqa: E402
 from steprl.engines.vllm_engine import write_adapter  # noqa: E402
-from steprl.engines.weights import Receiver, WeightUpdate, load_in_place  # noqa: E402
+from steprl.engines.weights import WeightUpdate, load_in_place  # noqa: E402
 from steprl.training.learn.lora import adapter_update, apply_lora  # noqa: E402
 
 
@@ -78,8 +78,10 @@ class PeakRSS:
 
 
 def reader(conn: Any) -> None:
-    """The receiving end of the socket path: decode and check every bucket, as the vLLM worker does."""
-    seen: Receiver | None = None
+    """The receiving end of the socket path: the vLLM worker's own reader (`tensors_of`: each
+    tensor read from the socket into its memory, its checksum checked)."""
+    from steprl.engines.vllm_worker import tensors_of
+
     while True:
         header = conn.recv()
         if header is None:
@@ -87,13 +89,8 @@ def reader(conn: Any) -> None:
         if header["op"] == "end":
             conn.send("done")
             continue
-        bucket = decode(header, [conn.recv_bytes() for _ in header["tensors"]])
-        if bucket.index == 0:  # a new version's stream: its buckets in order, each checked
-            seen = Receiver(bucket.version, ())
-            seen.expected = set()
-        assert seen is not None
-        seen.expected |= set(bucket.tensors)
-        seen.take(bucket)
+        for _ in tensors_of(conn, header):
+            pass
 
 
 def group_reader(address: Any, conn: Any) -> None:

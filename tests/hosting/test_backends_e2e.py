@@ -35,6 +35,22 @@ RUNTIMES = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ray_for_every_runtime():
+    """One local Ray for the module's runs, with the slots the largest asks for (2 ranks, 2
+    rollout workers, their env actors): a run sizes Ray only when it starts it, and the first
+    run here to start it is the smallest."""
+    import ray
+
+    from steprl.hosting.ray_backend import ensure_ray
+
+    started = not ray.is_initialized()
+    ensure_ray(num_cpus=6)
+    yield
+    if started:
+        ray.shutdown()
+
+
 def _run(tmp_path, name: str, extra: list[str]) -> TrainResult:
     cfg = small_config(tmp_path, name, [*QUIET, *extra])
     return train(cfg, log=lambda s: None)
@@ -106,3 +122,17 @@ def test_a_broadcast_sync_is_proven_colocated_and_async(inprocess, extra) -> Non
         for got, want in zip(result.history, reference.history, strict=True):
             got, want = _comparable(got), _comparable(want)
             assert all(_same(got[k], want[k]) for k in want), {k for k in want if not _same(got[k], want[k])}
+
+
+@pytest.mark.soak  # a bf16 engine on a Ray worker (15 s); the delta's exactness: test_weight_sync.py
+def test_a_delta_sync_to_a_bf16_worker_trains_from_yaml(inprocess) -> None:
+    """`runtime.weight_delta` with a bf16 engine on a rollout worker: the second sync is a delta
+    (fewer bytes than the first, the full bf16 weights), and every probe is within the bf16 bound."""
+    tmp, _ = inprocess
+    extra = ["runtime.weight_delta=true", "model.engine_dtype=bfloat16"]
+    result = _run(
+        tmp, "delta", [*RUNTIMES["ray"], "runtime.rollout_workers=1", "runtime.placement=separate", *extra]
+    )
+    first, second = (m["weights/sync_bytes"] for m in result.history)
+    assert second < first, (first, second)
+    assert max(m["weights/probe_gap"] for m in result.history) <= 5e-2

@@ -5,6 +5,7 @@ learner's and refuses a stream with a bucket lost or reordered; the learner hand
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -97,3 +98,54 @@ def test_an_update_cut_again_into_smaller_buckets_carries_the_same_tensors(small
     assert len(list(cut.produce())) == len(untied(own)) and cut.names == update.names
     got = cut.full()
     assert all(torch.equal(got[k], own[k]) for k in cut.names) and cut.nbytes == update.nbytes
+
+
+def test_a_delta_sync_rebuilds_a_bf16_engine_exactly_and_refuses_another_base(small_model):
+    """`runtime.weight_delta`: the first sync is the full weights in the engine's dtype, each
+    later one the compressed XOR against the version the engine holds; the bf16 engine ends
+    bit-identical to the learner's weights rounded to bf16 after each, in fewer bytes than the
+    full bf16 weights. A delta reaching an engine on another version, or changed in flight, is
+    refused in one line."""
+    import zlib
+
+    from steprl.engines.delta import DeltaEncoder
+    from steprl.engines.hf import HFEngine
+
+    learner = copy.deepcopy(small_model)
+    engine = HFEngine(copy.deepcopy(small_model).to(torch.bfloat16), eos_token_id=2, pad_token_id=0)
+    encoder = DeltaEncoder({k: v.dtype for k, v in engine.model.state_dict().items()})
+    sent = []
+    for version in (1, 2, 3):
+        update = encoder.encode(WeightUpdate.of_tensors(learner.state_dict(), version, bucket_bytes=4096))
+        assert (update.delta_from is None) == (version == 1)
+        engine.update_weights(update, version)
+        mine = engine.model.state_dict()
+        for name, t in untied(learner.state_dict()).items():
+            assert torch.equal(mine[name], t.to(torch.bfloat16)), (version, name)
+        sent.append(update.nbytes)
+        with torch.no_grad():  # an RL-sized step: most bf16 weights do not move
+            for p in learner.parameters():
+                p.add_(1e-4 * torch.randn(p.shape, generator=torch.Generator().manual_seed(version)))
+    full = sum(t.numel() * 2 for t in untied(learner.state_dict()).values())
+    assert sent[0] == full and max(sent[1:]) < full, (sent, full)
+
+    stale = encoder.encode(WeightUpdate.of_tensors(learner.state_dict(), 5))  # from 3; engine holds 3
+    engine._version = 2  # as if it missed version 3
+    with pytest.raises(
+        WeightSyncError, match="a delta from version 3 to 5 reached an engine holding version 2"
+    ):
+        engine.update_weights(stale, 5)
+    engine._version = 3
+    bucket = next(iter(stale.produce()))
+    name = next(iter(bucket.tensors))
+    raw = bytearray(zlib.decompress(bucket.tensors[name].numpy().tobytes()))
+    raw[0] ^= 1  # a flipped bit of the XOR: a wrong weight, caught by the new version's CRC
+    changed = torch.frombuffer(bytearray(zlib.compress(bytes(raw))), dtype=torch.uint8)
+    bad = WeightUpdate(
+        5,
+        stale.names,
+        lambda: iter([replace(bucket, tensors={**bucket.tensors, name: changed})]),
+        delta_from=3,
+    )
+    with pytest.raises(WeightSyncError, match="changed in flight"):
+        engine.update_weights(bad, 5)

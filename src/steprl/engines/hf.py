@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from steprl.engines import delta
 from steprl.engines.base import Generation, SamplingParams
 from steprl.engines.decode import Request, RunningBatch
 from steprl.engines.kv_cache import engine_cache, preloadable
@@ -32,7 +33,7 @@ from steprl.engines.lora_merge import LoraMerger
 from steprl.engines.prefix_cache import PrefixCache
 from steprl.engines.sampling import request_uniforms, sample_from_logits
 from steprl.engines.snapshots import CrossPolicy, Snapshots, draw_lags
-from steprl.engines.weights import AnyUpdate, load_update
+from steprl.engines.weights import AnyUpdate, WeightSyncError, WeightUpdate, load_update
 
 #: Waiting requests join a running batch only if it may still decode more steps than this:
 #: closer to its end, they lose less by waiting than a join (a prefill and a cache copy) costs.
@@ -158,6 +159,13 @@ class HFEngine:
         With cross-policy snapshots, a new version first keeps the current (merged) weights as
         the newest snapshot; the same version again (LoRA's first merge, a resume) replaces them.
         """
+        if isinstance(state_dict, WeightUpdate) and state_dict.delta_from is not None:
+            if state_dict.delta_from != self._version:  # the XOR is against another version
+                raise WeightSyncError(
+                    f"a delta from version {state_dict.delta_from} to {state_dict.version} reached an "
+                    f"engine holding version {self._version}"
+                )
+            state_dict = delta.applied(state_dict, self.model.state_dict())
         if self.snapshots is not None and version != self._version:
             self.snapshots.rotate(self.model, self._version)
         self._lora = load_update(self.model, state_dict, self._lora)

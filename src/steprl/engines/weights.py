@@ -47,6 +47,9 @@ class Bucket:
     count: int
     tensors: Mapping[str, torch.Tensor]
     checksums: Mapping[str, int] = field(default_factory=dict)
+    #: a delta bucket (`engines/delta.py`): each tensor is a compressed XOR against the base
+    #: version, rebuilt by the receiver with this (`DeltaMeta` by name), then checked
+    delta: Mapping[str, Any] | None = None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
@@ -68,6 +71,8 @@ class WeightUpdate:
     #: sender (`rollout/weight_group.py: Sender`; its `gather` is what `produce` yields here)
     remote: Any = field(default=None, repr=False)
     bucket_bytes: int = BUCKET_BYTES  # the buckets' size, for a `remote` sender
+    #: a delta against this version (`engines/delta.py`): the receiver must hold it exactly
+    delta_from: int | None = None
 
     @staticmethod
     def of_tensors(

@@ -35,6 +35,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from steprl.engines.base import Generation, SamplingParams
+from steprl.engines.delta import DeltaEncoder
 from steprl.engines.hf import EngineSettings, HFEngine, probe_answer
 from steprl.engines.transports import collective
 from steprl.engines.transports.collective import GroupAddress
@@ -224,6 +225,7 @@ class RayRolloutPool:
         start_timeout_s: float = 300.0,
         sync_timeout_s: float = 300.0,
         weight_sync: Literal["ray", "broadcast"] = "ray",
+        weight_delta: bool = False,
     ) -> None:
         """`model` is copied into each worker (pickled once into the object store); each
         worker's engine has the run's `engine_settings`, as the in-process engine does.
@@ -261,6 +263,9 @@ class RayRolloutPool:
         self._turn = -1  # the worker the last `generate` went to (round robin)
         # broadcast: full weights by a gloo group with the learner (adapters still by the store)
         self._group = WeightGroup(_group_host(), sync_timeout_s) if weight_sync == "broadcast" else None
+        # delta: each sync the XOR against the version the workers hold (engines/delta.py)
+        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+        self._delta = DeltaEncoder(dtypes) if weight_delta else None
         self._syncing = False  # a sync in progress re-sends to a replaced worker itself
         self._orphan: str | None = None  # a replaced worker that could not get the weights
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
@@ -321,23 +326,29 @@ class RayRolloutPool:
         if self._workers[slot] is actor:
             self._replace(slot, why)
 
-    def sync_weights(self, update: AnyUpdate, version: int) -> None:
+    def sync_weights(self, update: AnyUpdate, version: int) -> int | None:
         """Push new weights to every worker through the object store (`WEIGHT_SYNC["ray"]`:
         each bucket `ray.put` once, on CPU; each worker reads them in order). With LoRA, the
         adapters only; each worker merges them into its base copy. A rebuilt worker starts
         from the base and gets the latest update, which is all it needs: merges are from W0,
         not cumulative. With `weight_sync: broadcast`, full weights go by the weights group
         (`rollout/weight_group.py`) instead, to every worker at once; a worker that dies or
-        hangs on the way is replaced and the update sent again, once."""
+        hangs on the way is replaced and the update sent again. With `weight_delta`, full
+        weights go as deltas against the workers' version (`engines/delta.py`); returns the
+        bytes a worker received then (None: the update's own)."""
         update = as_update(update, version)
         if self._group is not None and update.adapter is None:
             self._sync_by_group(update)
             self._version, self._orphan = version, None
-            return
+            return None
+        if self._delta is not None and update.adapter is None:
+            update = self._delta.encode(update)
         handle = RayObjectStore().send(update)
         self._version = version
-        self._remember(("update_weights", handle, version))
+        # a delta replays to nobody: a worker started later gets the encoder's full copy (None)
+        self._remember(("update_weights", None if update.delta_from is not None else handle, version))
         self._broadcast("update_weights", lambda k: (handle, version))
+        return update.nbytes if self._delta is not None else None  # in the engines' dtype
 
     def _sync_by_group(self, update: WeightUpdate) -> None:
         assert self._group is not None
@@ -445,6 +456,8 @@ class RayRolloutPool:
         # an async actor runs calls as their arguments arrive, not in submission order: several
         # (cross-policy snapshots rotate with each) go one at a time, and before any rollout
         for method, ref, version in self._replay:
+            if ref is None and self._delta is not None:  # after a delta: what the others hold, whole
+                ref = RayObjectStore().send(self._delta.full())
             call = (
                 worker.load_snapshots.remote(ref)
                 if method == "load_snapshots"

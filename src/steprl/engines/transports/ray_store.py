@@ -6,10 +6,10 @@ replay needs, and releases them when they leave it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from steprl.engines.weights import Bucket, WeightUpdate, seal
+from steprl.engines.weights import WeightUpdate, seal
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class RayHandle:
     names: tuple[str, ...]
     buckets: tuple[Any, ...]  # ray.ObjectRef of each Bucket, in order
     adapter: Any = None  # ray.ObjectRef of an AdapterUpdate (LoRA)
+    delta_from: int | None = None  # the buckets are a delta against this version (engines/delta.py)
 
 
 class RayObjectStore:
@@ -29,19 +30,20 @@ class RayObjectStore:
         if update.adapter is not None:
             return RayHandle(update.version, (), (), ray.put(update.adapter.to("cpu")))
         refs = tuple(
-            ray.put(
-                seal(Bucket(b.version, b.index, b.count, {k: v.detach().cpu() for k, v in b.tensors.items()}))
-            )
+            ray.put(seal(replace(b, tensors={k: v.detach().cpu() for k, v in b.tensors.items()})))
             for b in update.buckets()
         )
-        return RayHandle(update.version, update.names, refs)
+        return RayHandle(update.version, update.names, refs, delta_from=update.delta_from)
 
     def receive(self, handle: RayHandle) -> WeightUpdate:
         import ray
 
         if handle.adapter is not None:
             return WeightUpdate.of_adapter(ray.get(handle.adapter), handle.version)
-        return WeightUpdate(handle.version, handle.names, lambda: (ray.get(r) for r in handle.buckets))
+        buckets = handle.buckets
+        return WeightUpdate(
+            handle.version, handle.names, lambda: (ray.get(r) for r in buckets), delta_from=handle.delta_from
+        )
 
     def release(self, handle: RayHandle) -> None:
         """The objects go when no reference is left (Ray's reference counting): drop ours."""

@@ -65,8 +65,9 @@ class Producer(Protocol):
         `done` once per group. `max_turns`: their turn cap (None: the configured one)."""
         ...
 
-    def publish(self, weights: WeightUpdate, version: int) -> None:
-        """New weights for every engine copy; episodes in flight continue on them."""
+    def publish(self, weights: WeightUpdate, version: int) -> int | None:
+        """New weights for every engine copy; episodes in flight continue on them. Returns the
+        bytes one engine received where the transport changed them (a delta), else None."""
         ...
 
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
@@ -183,11 +184,13 @@ class Pipeline:
         self.taken += [(f, self.version) for f in picked]  # the weights they are trained from
         return [f.group for f in picked]
 
-    def publish(self, weights: WeightUpdate, version: int) -> None:
-        """The learner's new weights to every engine as `version`."""
-        self.producer.publish(weights, version)
+    def publish(self, weights: WeightUpdate, version: int) -> int | None:
+        """The learner's new weights to every engine as `version` (the bytes an engine got,
+        where the transport changed them)."""
+        sent = self.producer.publish(weights, version)
         with self._cv:
             self.version = version
+        return sent
 
     def roll_back(self, weights: WeightUpdate, version: int) -> None:
         """Restored weights (a health rollback) as the new `version`: groups queued or in flight

@@ -62,11 +62,12 @@ class LocalProducer:
 
         self._loop.call_soon_threadsafe(schedule)
 
-    def publish(self, weights: WeightUpdate, version: int) -> None:
+    def publish(self, weights: WeightUpdate, version: int) -> int | None:
         async def apply() -> None:
             self.engine.update_weights(weights, version=version)
 
         self.run(apply())
+        return None
 
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
         """The engine's answer to the weight-sync probe, beside the episodes in flight."""
@@ -114,9 +115,10 @@ class RayProducer:
                 # `worker`: (slot, actor), to replace that actor once if it died
                 self._refs[ref] = (index, task, worker, done)
 
-    def publish(self, weights: WeightUpdate, version: int) -> None:
+    def publish(self, weights: WeightUpdate, version: int) -> int | None:
         self.engine.update_weights(weights, version=version)  # the trainer's copy (separate: none)
-        self.pool.sync_weights(weights, version=version)
+        sent: int | None = self.pool.sync_weights(weights, version=version)
+        return sent
 
     def probe(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> dict[str, Generation]:
         """Every rollout worker's answer to the probe, and the trainer's evaluation copy's (none

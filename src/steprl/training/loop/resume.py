@@ -63,6 +63,7 @@ RESUMABLE_CHANGES = frozenset(
         "runtime.learner_gpus_per_rank",
         "runtime.learner_cpu_offload",
         "runtime.weight_sync",  # how weights travel, not what they are
+        "runtime.weight_delta",
     }
 )
 

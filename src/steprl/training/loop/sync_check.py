@@ -115,12 +115,13 @@ def publish(
     t0 = time.perf_counter()
     update = learner.weights(version).rebucketed(bucket_bytes)
     try:
-        pipeline.publish(update, version)
+        sent = pipeline.publish(update, version)
         answers = pipeline.producer.probe(probe.prompt_ids, probe.sampling) if probe else {}
     except (WeightSyncError, RuntimeError) as exc:  # a bucket refused, a deadline, an engine gone
         raise WeightProbeError(f"weight sync to version {version} failed: {exc}") from None
     gap = probe.check(learner, answers, version) if probe else 0.0
-    metrics = {"weights/sync_s": time.perf_counter() - t0, "weights/sync_bytes": float(update.nbytes)}
+    received = update.nbytes if sent is None else sent  # a delta: what crossed, not the model
+    metrics = {"weights/sync_s": time.perf_counter() - t0, "weights/sync_bytes": float(received)}
     return metrics | ({"weights/probe_gap": gap} if probe else {})
 
 

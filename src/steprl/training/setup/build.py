@@ -262,6 +262,12 @@ def _refuse_combinations(cfg: Config, run: env_setup.RunEnvs) -> None:
             "rollout.cross_policy with runtime.weight_sync=broadcast: a replaced worker replays its "
             "snapshots from the object store; use runtime.weight_sync=ray"
         )
+    if rt.weight_delta and (rt.weight_sync != "ray" or rt.rollout_workers == 0 or cfg.rollout.cross_policy):
+        raise UserError(
+            "runtime.weight_delta sends deltas to Ray rollout workers through the object store: set "
+            "runtime.backend=ray, runtime.rollout_workers >= 1, runtime.weight_sync=ray and no "
+            "rollout.cross_policy"
+        )
     if rt.placement == "separate" and cfg.rollout.cross_policy is not None:
         raise UserError(
             "rollout.cross_policy with runtime.placement=separate: a resume's snapshots are the "
@@ -413,11 +419,13 @@ def _rollout_workers(
         torch_threads=torch.get_num_threads(),  # CPU matmuls split sums by thread: match ours
         sync_timeout_s=cfg.runtime.weight_sync_timeout_s,
         weight_sync=cfg.runtime.weight_sync,
+        weight_delta=cfg.runtime.weight_delta,
     )
     cleanup.callback(remote.close)
     if is_peft(policy.model):
         remote.sync_weights(learner.weights(engine.version), version=engine.version)
     how = "a gloo broadcast" if cfg.runtime.weight_sync == "broadcast" else "the object store"
+    how += ", as deltas" if cfg.runtime.weight_delta else ""
     log(f"rollouts: {cfg.runtime.rollout_workers} Ray rollout workers, weights by {how}")
     return remote
 
