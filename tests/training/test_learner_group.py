@@ -283,3 +283,59 @@ def test_a_worker_that_hangs_in_a_broadcast_sync_is_replaced_within_the_deadline
             assert all(torch.equal(got[n], t) for n, t in untied(mine.state_dict()).items())
     finally:
         pool.close()
+
+
+def test_a_shared_value_head_trains_on_ranks_as_in_one_process(small_model, advantage_rows, tmp_path):
+    """`algorithm.critic: shared` on two ranks: the value head is part of the root's FSDP unit;
+    values, the update with the value loss, the weights and the head equal one process's; the
+    ranks' sharded checkpoint resumes in one process and one process's full one on the ranks."""
+    from dataclasses import replace
+
+    from steprl.training.learn.critic import ValueHead
+    from steprl.training.learn.learner_group import LearnerGroup
+
+    g = torch.Generator().manual_seed(1)
+    rows = [
+        replace(r, returns=tuple((torch.randn(len(r.input_ids), generator=g)).tolist()))
+        for r in advantage_rows
+    ]
+    head = ValueHead(int(small_model.config.hidden_size))
+    with torch.no_grad():
+        head.proj.weight.normal_(0, 0.1, generator=g)  # not the zeros it starts at: values matter
+    one = make_learner(copy.deepcopy(small_model).train(), **_settings(value_head=copy.deepcopy(head)))
+    group = LearnerGroup(
+        copy.deepcopy(small_model).train(), _settings(value_head=copy.deepcopy(head)), ranks=2, timeout_s=120
+    )
+    try:
+        v1, v2 = one.compute(rows, values=True).values, group.compute(rows, values=True).values
+        worst = max(_rel(b, a) for a, b in zip(v1, v2, strict=True))
+        old = [v.tolist() for v in v1]
+        s1 = one.update(
+            rows, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(3), old_values=old
+        )
+        s2 = group.update(
+            rows, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(3), old_values=old
+        )
+        assert "critic/value_loss" in s1
+        for k in s1:
+            assert s2[k] == pytest.approx(s1[k], rel=1e-5, abs=1e-7), k
+        v1, v2 = one.compute(rows, values=True).values, group.compute(rows, values=True).values
+        worst = max(worst, *(_rel(b, a) for a, b in zip(v1, v2, strict=True)))
+        print(f"largest relative difference of values (before and after the update): {worst:.2e}")
+        assert worst < 1e-5
+        group.save_model(tmp_path, tmp_path)
+        resumed = make_learner(
+            copy.deepcopy(small_model).train(), **_settings(value_head=copy.deepcopy(head))
+        )
+        resumed.load_state_dict(group.state_dict(), tmp_path)  # the ranks' shards, the head among them
+        v3 = resumed.compute(rows, values=True).values
+        assert (
+            all(torch.equal(a, b) for a, b in zip(v3, v2, strict=True))
+            or max(_rel(b, a) for a, b in zip(v3, v2, strict=True)) < 1e-6
+        )
+        one.save_model(tmp_path / "one", tmp_path / "one")
+        group.load_state_dict(one.state_dict(), tmp_path / "one")  # one process's, on the ranks
+        v4 = group.compute(rows, values=True).values
+        assert max(_rel(b, a) for a, b in zip(v1, v4, strict=True)) < 1e-6
+    finally:
+        group.close()

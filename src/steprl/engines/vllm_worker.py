@@ -103,7 +103,7 @@ def tensors_of(conn: Any, header: dict[str, Any]) -> Any:
         flat = torch.empty(shape, dtype=getattr(torch, dtype)).reshape(-1)
         data = flat.view(torch.uint8)  # bf16 has no numpy type; its bytes do
         read_into(conn, data.numpy())
-        if (zlib.crc32(data.numpy()) if data.numel() else 0) != header["checksums"][name]:
+        if (zlib.crc32(data.numpy().data) if data.numel() else 0) != header["checksums"][name]:
             raise ValueError(f"weight stream: {name} changed in flight (its checksum differs)")
         yield name, flat.reshape(shape)
 

@@ -114,7 +114,8 @@ class LocalLearner:
         self.value_head = value_head.to(device) if value_head is not None else None
         # only what requires grad: with LoRA the base is frozen and the optimizer holds the adapters
         params = [p for p in model.parameters() if p.requires_grad]
-        params += list(value_head.parameters()) if value_head is not None else []
+        heads = value_head.parameters() if value_head is not None else ()
+        params += [p for p in heads if all(p is not q for q in params)]  # on ranks: in the model
         self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
 
@@ -190,9 +191,8 @@ class LocalLearner:
     def load_state_dict(self, state: Mapping[str, Any], checkpoint: Path) -> None:
         if state.get("sharded"):  # written by learner ranks: every tensor read whole
             path = checkpoint / state["sharded"]
-            sharded_state.load(
-                self.model, self.optimizer, path, stepped=bool(state.get("sharded_optimizer", True))
-            )
+            stepped = bool(state.get("sharded_optimizer", True))
+            sharded_state.load(self.model, self.optimizer, path, stepped=stepped, head=self.value_head)
             return
         if state["adapters"] is not None:
             params = dict(self.model.named_parameters())

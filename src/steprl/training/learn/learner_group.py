@@ -32,7 +32,7 @@ from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
 from steprl.rollout.weight_group import Waiter, ray_waiter
 from steprl.training.learn import checkpoint as ckpt
-from steprl.training.learn import optimizer_state
+from steprl.training.learn import optimizer_state, sharded_state
 from steprl.training.learn.batching import minibatches
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
 from steprl.training.learn.lora import ADAPTERS_OFF, AdaptersDisabled, adapter_update, is_peft
@@ -133,10 +133,6 @@ class LearnerGroup:
         mixed_precision: bool = True,
         cpu_offload: bool = False,
     ) -> None:
-        if settings.get("value_head") is not None:
-            raise LearnerGroupError(
-                "runtime.learner_ranks > 1 with algorithm.critic=shared is not supported yet"
-            )
         # prefix-tree rows run a varying number of forward segments per micro-batch: the ranks'
         # all-gathers would fall out of step, so the ranks train on plain rows
         settings = {**settings, "pack": False}
@@ -249,10 +245,6 @@ class LearnerGroup:
         return self._temperature
 
     def compute(self, rows: Sequence[Sample], **flags: bool) -> Computed:
-        if flags.get("values"):
-            raise LearnerGroupError(
-                "values asked of a learner group (algorithm.critic=shared is not on ranks yet)"
-            )
         return self._on_rows("computing log-probs", "compute", rows, **flags)[0]
 
     def update(
@@ -345,9 +337,10 @@ class LearnerGroup:
             self._all("loading the checkpoint's shards", "load_sharded", str(checkpoint), stepped)
             return
         optimizer = state["optimizer"]
+        head = {f"{sharded_state.HEAD}.{k}": v for k, v in (state.get("value_head") or {}).items()}
         if not state.get("ranks"):  # written by one process (keyed by parameter index): reshard
             names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-            optimizer = optimizer_state.by_name(optimizer, names)
+            optimizer = optimizer_state.by_name(optimizer, names + list(head))
         if state.get("adapters") is not None:  # LoRA: the base is as it started, the adapters saved
             params = dict(self.model.named_parameters())
             with torch.no_grad():
@@ -355,7 +348,7 @@ class LearnerGroup:
                     params[n].copy_(t)
         else:
             ckpt.load_model_weights(self.model, checkpoint)
-        full = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        full = {k: v.detach().clone() for k, v in self.model.state_dict().items()} | head
         self._all("loading the checkpoint", "load_full", full, optimizer)
 
     def save_model(self, directory: Path, final: Path) -> None:

@@ -20,8 +20,11 @@ on its part of the rows, so the step is the one a single process takes:
 The KL reference (no gradient) is replicated, not sharded. Rows are not packed into prefix
 trees on ranks (a tree runs a varying number of forward segments: the ranks' all-gathers would
 fall out of step). LoRA: the adapters are their own FSDP units and the only trainable weights;
-the KL reference is the rank's own sharded policy with its adapters off. Not yet on ranks: a
-shared value head (`algorithm.critic: shared`, refused in one line) and `grad_share/<env>`.
+the KL reference is the rank's own sharded policy with its adapters off. A shared value head
+(`algorithm.critic: shared`) is a submodule of the policy (`sharded_state.HEAD`), in the root's
+FSDP unit beside the LM head, so its values are computed as the logits are and its weights and
+optimizer state sit in the sharded checkpoint beside the policy's. Not yet on ranks:
+`grad_share/<env>`.
 """
 
 from __future__ import annotations
@@ -178,6 +181,8 @@ class RankLearner(LocalLearner):
             # the shards, their gradients and the optimizer state live in host memory; the GPU
             # holds a block's gathered weights while it runs, and AdamW steps on the CPU
             policies["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda")
+        if settings.get("value_head") is not None:  # a shared critic: its head in the root's unit
+            model.add_module(sharded_state.HEAD, settings["value_head"])
         # LoRA: each adapter matrix is its own unit, so a block's unit holds only base weights (one
         # dtype, as FSDP2 needs: fp32 adapters over a bf16 base) and only adapters get gradients
         for adapter in lora_linears(model):

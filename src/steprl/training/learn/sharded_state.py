@@ -35,6 +35,23 @@ from torch.optim import Optimizer
 
 #: the checkpoint's subdirectory a sharded learner writes
 LEARNER_DIR = "learner"
+#: where a shared critic's value head sits among the model's modules: on ranks always (an FSDP2
+#: unit with the root's), in one process while a sharded checkpoint is read; so its weights and
+#: optimizer state are keyed `steprl_value_head.*` beside the policy's
+HEAD = "steprl_value_head"
+
+
+@contextlib.contextmanager
+def with_head(model: nn.Module, head: nn.Module | None) -> Iterator[None]:
+    """`model` with `head` as its `HEAD` submodule while the block runs (as it is on ranks)."""
+    if head is None or getattr(model, HEAD, None) is head:
+        yield
+        return
+    model.add_module(HEAD, head)
+    try:
+        yield
+    finally:
+        del model._modules[HEAD]
 
 
 def save(model: nn.Module, optimizer: Optimizer, path: Path) -> bool:
@@ -53,10 +70,17 @@ def save(model: nn.Module, optimizer: Optimizer, path: Path) -> bool:
     return stepped
 
 
-def load(model: nn.Module, optimizer: Optimizer, path: Path, *, stepped: bool) -> None:
+def load(
+    model: nn.Module, optimizer: Optimizer, path: Path, *, stepped: bool, head: nn.Module | None = None
+) -> None:
     """The weights (and, if `stepped`, the optimizer state) in `path`, written on any number of
     ranks, into `model` and `optimizer` as they are laid out here; exact, so a resume continues
-    bit for bit."""
+    bit for bit. `head`: a shared critic's value head, read from beside the policy's weights."""
+    with with_head(model, head):
+        _load(model, optimizer, path, stepped=stepped)
+
+
+def _load(model: nn.Module, optimizer: Optimizer, path: Path, *, stepped: bool) -> None:
     no_dist = not dist.is_initialized()
     partial = StateDictOptions(strict=False)  # LoRA: the frozen base is not in the checkpoint
     if not stepped:
@@ -98,4 +122,4 @@ def _one_process_is_meant() -> Iterator[None]:
         yield
 
 
-__all__ = ["LEARNER_DIR", "load", "save"]
+__all__ = ["HEAD", "LEARNER_DIR", "load", "save", "with_head"]
