@@ -95,6 +95,16 @@ def test_two_ranks_update_as_one_process_does(small_model, advantage_rows, tmp_p
         s4 = resumed.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(5))
         for k in s3:
             assert s4[k] == pytest.approx(s3[k], rel=1e-5, abs=1e-7), k
+        # a rollback snapshot crosses layouts (a run resumed on another learner_ranks keeps its
+        # ring): the ranks' in one process exactly; one process's on the ranks, optimizer included
+        one.restore(group.snapshot())
+        mine, theirs = one.weights(3).full(), group.weights(3).full()
+        assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+        group.restore(resumed.snapshot())
+        s5 = group.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(6))
+        s6 = resumed.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(6))
+        for k in s5:
+            assert s6[k] == pytest.approx(s5[k], rel=1e-5, abs=1e-7), k
     finally:
         group.close()
 

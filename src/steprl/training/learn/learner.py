@@ -24,7 +24,7 @@ from steprl.algorithms.losses import PolicyLossOutput, aggregate, approx_kl_k3, 
 from steprl.config import ConfigError
 from steprl.engines.weights import WeightUpdate
 from steprl.rollout.views import Sample
-from steprl.training.learn import batching, optimizer_state, sharded_state
+from steprl.training.learn import batching, optimizer_state, sharded_state, snapshot_layout
 from steprl.training.learn import checkpoint as ckpt
 from steprl.training.learn.batching import (
     Batch,
@@ -166,11 +166,8 @@ class LocalLearner:
         }
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
-        if "ranks" in snapshot:
-            raise ConfigError(
-                f"a rollback snapshot of {len(snapshot['ranks'])} learner ranks cannot be restored in one "
-                "process (the run was resumed with another runtime.learner_ranks)"
-            )
+        # taken on ranks (a run resumed with another runtime.learner_ranks): joined into one
+        snapshot = snapshot_layout.for_one(snapshot, self.optimizer.state_dict()["param_groups"])
         with torch.no_grad():
             for p, saved in zip(self.params, snapshot["params"], strict=True):
                 p.copy_(saved)

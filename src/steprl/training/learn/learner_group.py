@@ -32,7 +32,7 @@ from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.views import Sample
 from steprl.rollout.weight_group import Waiter, ray_waiter
 from steprl.training.learn import checkpoint as ckpt
-from steprl.training.learn import optimizer_state, sharded_state
+from steprl.training.learn import optimizer_state, sharded_state, snapshot_layout
 from steprl.training.learn.batching import minibatches
 from steprl.training.learn.learner_protocol import Computed, LearnerLevers
 from steprl.training.learn.lora import ADAPTERS_OFF, AdaptersDisabled, adapter_update, is_peft
@@ -315,12 +315,8 @@ class LearnerGroup:
         return {"ranks": self._all("taking a snapshot", "snapshot")}
 
     def restore(self, snapshot: Mapping[str, Any]) -> None:
-        shards = snapshot.get("ranks", ())
-        if len(shards) != self.ranks:
-            raise LearnerGroupError(
-                f"a rollback snapshot of {len(shards) or 'one'} learner process(es) cannot be restored on "
-                f"{self.ranks} ranks (the run was resumed with another runtime.learner_ranks)"
-            )
+        # taken in one process or on another number of ranks (a resumed run): resharded here
+        shards = snapshot_layout.for_ranks(snapshot, self.ranks)["ranks"]
         self._wait(
             [a.call.remote("restore", s) for a, s in zip(self.actors, shards, strict=True)], "restoring"
         )
