@@ -105,6 +105,16 @@ def test_two_ranks_update_as_one_process_does(small_model, advantage_rows, tmp_p
         s6 = resumed.update(rows, epochs=1, mini_batches=1, generator=torch.Generator().manual_seed(6))
         for k in s5:
             assert s6[k] == pytest.approx(s5[k], rel=1e-5, abs=1e-7), k
+        envs = ["a" if i % 3 else "b" for i in range(len(rows))]  # two envs: each one's gradient share
+        s7 = group.update(
+            rows, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(7), envs=envs
+        )
+        s8 = resumed.update(
+            rows, epochs=1, mini_batches=2, generator=torch.Generator().manual_seed(7), envs=envs
+        )
+        assert {"grad_share/a", "grad_share/b"} <= set(s7) == set(s8)
+        for k in s7:
+            assert s8[k] == pytest.approx(s7[k], rel=1e-5, abs=1e-7), k
     finally:
         group.close()
 

@@ -36,7 +36,12 @@ class GradShare:
         self._before: list[torch.Tensor] | None = None  # the gradient before this env's passes
 
     def add(self, env: str) -> None:
-        now = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        """On learner ranks each rank measures its shard (`to_local`): the squared norms add up
+        across ranks (`LocalLearner._reduced`) before `metrics`."""
+        now = [
+            _local(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(_local(p))
+            for p in self.params
+        ]
         before = self._before or [torch.zeros_like(g) for g in now]
         sq = sum(float((a - b).double().square().sum()) for a, b in zip(now, before, strict=True))
         self.squared[env] = self.squared.get(env, 0.0) + sq
@@ -46,9 +51,15 @@ class GradShare:
         """A new mini-batch: its gradient starts from zero."""
         self._before = None
 
-    def metrics(self) -> dict[str, float]:
-        total = sum(self.squared.values())
-        return {f"grad_share/{e}": v / total if total > 0 else 0.0 for e, v in sorted(self.squared.items())}
+    def metrics(self, squared: dict[str, float] | None = None) -> dict[str, float]:
+        """Each env's share, of this process's squared norms or of `squared` (summed over ranks)."""
+        squared = self.squared if squared is None else squared
+        total = sum(squared.values())
+        return {f"grad_share/{e}": v / total if total > 0 else 0.0 for e, v in sorted(squared.items())}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 __all__ = ["GradShare", "by_env"]

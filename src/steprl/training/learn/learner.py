@@ -359,7 +359,9 @@ class LocalLearner:
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items()}
         metrics |= grad_metrics("actor", grad_norms, self.grad_spike_norm)
         metrics["actor/engine_logprob_diff_max"] = gap
-        return metrics | (share.metrics() if share is not None else {})
+        if share is None:
+            return metrics
+        return metrics | share.metrics(self._reduced(share.squared, 0.0, 0.0)[0])  # over ranks
 
     def _micro_batches(self, samples: Sequence[Sample], idx: list[int]) -> list[list[int]]:
         """Split a mini-batch's rows into micro-batches (memory only: the loss is the same).

@@ -268,6 +268,7 @@ class LearnerGroup:
             epochs=epochs,
             mini_batches=mini_batches,
             old_values=old_values,
+            envs=list(envs) if envs is not None else None,  # grad_share/<env>: norms of DTensor grads
         )[0]
         for _ in range(epochs):  # this generator draws what the ranks' copies drew
             minibatches(len(rows), mini_batches, generator)

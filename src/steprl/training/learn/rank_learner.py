@@ -23,8 +23,8 @@ fall out of step). LoRA: the adapters are their own FSDP units and the only trai
 the KL reference is the rank's own sharded policy with its adapters off. A shared value head
 (`algorithm.critic: shared`) is a submodule of the policy (`sharded_state.HEAD`), in the root's
 FSDP unit beside the LM head, so its values are computed as the logits are and its weights and
-optimizer state sit in the sharded checkpoint beside the policy's. Not yet on ranks:
-`grad_share/<env>`.
+optimizer state sit in the sharded checkpoint beside the policy's. `grad_share/<env>`: each
+rank measures its shard of each env's gradient; the squared norms are summed over ranks.
 """
 
 from __future__ import annotations
