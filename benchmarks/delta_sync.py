@@ -100,6 +100,7 @@ def path(lr: float, dtype: torch.dtype, updates: int, spec: object, vocab: int, 
     encoder = DeltaEncoder({k: v.dtype for k, v in engine.state_dict().items()})
     encoder.encode(WeightUpdate.of_tensors(model.state_dict(), 0))  # the first sync: full
     load_in_place(engine, encoder.full())
+    encoder.commit()
     full = sum(t.numel() * t.element_size() for t in untied(engine.state_dict()).values())
     bcast = full_broadcast(encoder.full())
     for k in range(1, updates + 1):
@@ -109,6 +110,7 @@ def path(lr: float, dtype: torch.dtype, updates: int, spec: object, vocab: int, 
         t1 = time.perf_counter()
         load_in_place(engine, applied(update, engine.state_dict()))
         t2 = time.perf_counter()
+        encoder.commit()
         mine = engine.state_dict()
         assert all(torch.equal(mine[n], t.to(dtype)) for n, t in untied(model.state_dict()).items()), k
         if k in (1, 10, updates):

@@ -411,3 +411,30 @@ def test_a_broadcast_sync_without_what_it_needs_is_one_line(settings: list[str],
 
     with pytest.raises(UserError, match=re.escape(needle)):
         _refuse_combinations(load_config(None, settings), None)  # type: ignore[arg-type]
+
+
+def test_a_delta_sync_without_object_store_workers_is_one_line() -> None:
+    from steprl.training.setup.build import _refuse_combinations
+
+    ray = ["runtime.backend=ray", "runtime.rollout_workers=1", "runtime.weight_delta=true"]
+    for extra in (["runtime.rollout_workers=0"], ["runtime.weight_sync=broadcast"]):
+        with pytest.raises(
+            UserError, match=re.escape("runtime.weight_delta sends deltas to Ray rollout workers")
+        ):
+            _refuse_combinations(load_config(None, [*ray, *extra]), None)  # type: ignore[arg-type]
+
+
+def test_a_private_ray_has_the_slots_the_run_reserves() -> None:
+    from steprl.training.setup.env_setup import ray_slots
+
+    cfg = load_config(
+        None,
+        [
+            "runtime.backend=ray",
+            "runtime.learner_ranks=2",
+            "runtime.rollout_workers=2",
+            "runtime.env_workers=1",
+        ],
+    )
+    assert ray_slots(cfg) == 2 + 2 + 0.25 * 3  # ranks, workers, env actors (the trainer's and 2 workers')
+    assert ray_slots(load_config(None, [])) == 0

@@ -53,11 +53,14 @@ class DeltaEncoder:
         self.dtypes, self.level = dict(dtypes), level
         self.shadow: dict[str, torch.Tensor] | None = None
         self.version: int | None = None
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None  # encoded, not yet held
 
     def encode(self, update: WeightUpdate) -> WeightUpdate:
         """`update` (full tensors) as the engines will hold it: a delta from the last version
         encoded, or the full tensors in the engines' dtypes (the first time, or when the names
-        changed). Encoded now, bucket by bucket; the shadow moves to `update.version`."""
+        changed). Encoded now, bucket by bucket; `commit` once every engine has it. While one
+        is encoded the old and the new version are both held: twice the model at the engines'
+        precision, and the compressed buckets."""
         if update.adapter is not None:
             raise WeightSyncError("runtime.weight_delta sends full weights; LoRA sends its adapters alone")
         base = self.shadow if self.shadow is not None and set(self.shadow) == set(update.names) else None
@@ -76,7 +79,7 @@ class DeltaEncoder:
                 meta[name] = DeltaMeta(checksum(t), str(t.dtype).removeprefix("torch."), tuple(t.shape))
             buckets.append(Bucket(bucket.version, bucket.index, bucket.count, blobs, delta=meta))
         delta_from = self.version if base is not None else None
-        self.shadow, self.version = shadow, update.version
+        self._pending = (shadow, update.version)
         nbytes = sum(b.nbytes() for b in buckets)
         return WeightUpdate(
             update.version, update.names, lambda: iter(buckets), nbytes=nbytes, delta_from=delta_from
@@ -87,10 +90,19 @@ class DeltaEncoder:
         `copy_` rounds it into the engine's tensor)."""
         return t.detach().to("cpu", self.dtypes.get(name, t.dtype), copy=True)
 
+    def commit(self) -> None:
+        """The last update encoded reached every engine: later deltas are against it (until
+        then a sync that failed leaves the engines, and the encoder, on the version before)."""
+        if self._pending is not None:
+            self.shadow, self.version = self._pending
+            self._pending = None
+
     def full(self) -> WeightUpdate:
-        """What the engines hold now, whole (a worker started later begins from it)."""
-        assert self.shadow is not None and self.version is not None, "nothing encoded yet"
-        return WeightUpdate.of_tensors(self.shadow, self.version, tied=False)
+        """The newest version encoded, whole (a worker started later, or during the sync that
+        sends it, begins from it)."""
+        shadow, version = self._pending or (self.shadow, self.version)
+        assert shadow is not None and version is not None, "nothing encoded yet"
+        return WeightUpdate.of_tensors(shadow, version, tied=False)
 
 
 def applied(update: WeightUpdate, own: Mapping[str, torch.Tensor]) -> WeightUpdate:

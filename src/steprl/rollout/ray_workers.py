@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -267,6 +268,7 @@ class RayRolloutPool:
         dtypes = {k: v.dtype for k, v in model.state_dict().items()}
         self._delta = DeltaEncoder(dtypes) if weight_delta else None
         self._syncing = False  # a sync in progress re-sends to a replaced worker itself
+        self._replacing = threading.RLock()  # the rollout thread and the trainer's both replace
         self._orphan: str | None = None  # a replaced worker that could not get the weights
         self._options = {"num_cpus": cpus_per_worker, "scheduling_strategy": "SPREAD", "max_restarts": 0}
         self._workers = [self._spawn(k) for k in range(num_workers)]
@@ -323,8 +325,7 @@ class RayRolloutPool:
     def replace_dead(self, worker: tuple[int, Any], why: str) -> None:
         """Replace the worker of a failed call, once (its other calls fail with it)."""
         slot, actor = worker
-        if self._workers[slot] is actor:
-            self._replace(slot, why)
+        self._replace(slot, why, actor)
 
     def sync_weights(self, update: AnyUpdate, version: int) -> int | None:
         """Push new weights to every worker through the object store (`WEIGHT_SYNC["ray"]`:
@@ -348,19 +349,23 @@ class RayRolloutPool:
         # a delta replays to nobody: a worker started later gets the encoder's full copy (None)
         self._remember(("update_weights", None if update.delta_from is not None else handle, version))
         self._broadcast("update_weights", lambda k: (handle, version))
-        return update.nbytes if self._delta is not None else None  # in the engines' dtype
+        if self._delta is not None:  # every worker holds it now: the next delta is against it
+            self._delta.commit()
+            return update.nbytes  # in the engines' dtype
+        return None
 
     def _sync_by_group(self, update: WeightUpdate) -> None:
         assert self._group is not None
         self._syncing = True
         try:
             for _ in range(3):  # a dead worker found, replaced inside a broadcast, then a last try
-                failed = self._group.sync(update, self._workers)
+                workers = list(self._workers)  # as they were (the rollout thread may replace one)
+                failed = self._group.sync(update, workers)
                 if not failed:
                     return
                 for k, (why, dead) in failed.items():
                     if dead:
-                        self._replace(k, why)
+                        self._replace(k, why, workers[k])
             raise WeightSyncError(
                 f"the weight sync to version {update.version} failed three times by broadcast: "
                 + "; ".join(f"rollout worker {k} {why}" for k, (why, _) in failed.items())
@@ -470,7 +475,15 @@ class RayRolloutPool:
                     break  # a worker that cannot start fails its next call, and is replaced then
         return worker
 
-    def _replace(self, index: int, why: str) -> None:
+    def _replace(self, index: int, why: str, actor: Any = None) -> None:
+        """A fresh worker in slot `index` (only if it still holds `actor`, when given: the
+        rollout thread and a sync may both find the same dead worker)."""
+        with self._replacing:
+            if actor is not None and self._workers[index] is not actor:
+                return
+            self._replace_now(index, why)
+
+    def _replace_now(self, index: int, why: str) -> None:
         ray.kill(self._workers[index], no_restart=True)
         self._workers[index] = self._spawn(index)
         self.replaced.append((index, why))

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
@@ -30,8 +30,8 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from steprl.engines.transports.collective import Broadcast, GroupAddress, GroupHost, join
 from steprl.engines.weights import WeightSyncError, WeightUpdate
 
-#: how long a worker past a sync's deadline has to answer a ping (its own group deadline ends
-#: about then): one that does was only held up by a peer that hung, and stays
+#: how long a failed sync waits for the workers' answers: a worker that died is known by then,
+#: and one held in a collective by a peer that hung is freed by then (its timeout began with ours)
 GRACE_S = 5.0
 
 #: waits for what a member started, at most the seconds given; raises what it raised
@@ -119,18 +119,27 @@ class WeightGroup:
             self._members = members
         sent = sender.send(update)
         refs = [w.receive_weights.remote() for w in workers]
-        failed = self._wait_workers(workers, refs, deadline, f"receiving version {update.version}")
+        doing = f"receiving version {update.version}"
+        try:  # the sender first: its failure is either a worker's (gone, hung) or its own
+            sent(max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - classified below
+            self._members = None  # the group is broken
+            failed = self._wait_workers(workers, refs, time.monotonic() + GRACE_S, doing)
+            if any(dead for _, dead in failed.values()):
+                return failed
+            self._sender_failed(exc, update.version, "broadcasting")
+        failed = self._wait_workers(workers, refs, deadline, doing)
         if failed:
-            self._members = None  # a member left mid-broadcast: the group is broken
-            with contextlib.suppress(Exception):  # the sender's broadcast failed with the worker
-                sent(max(0.0, deadline - time.monotonic()))
-            return failed
-        self._wait_sender(sent, deadline, update.version, "broadcasting")
-        return {}
+            self._members = None
+        return failed
 
     def _wait_workers(
         self, workers: Sequence[Any], refs: Sequence[Any], deadline: float, doing: str
     ) -> dict[int, tuple[str, bool]]:
+        """Each worker's answer by `deadline`: {index: (why, dead)} for those that failed. One
+        still busy then is pinged, all at once, for up to `GRACE_S`: one that answers was only
+        held up (in a collective that a peer that hung kept open, whose own timeout began about
+        when the sender's or the deadline's did) and stays; one that does not is hung."""
         failed: dict[int, tuple[str, bool]] = {}
         late = []
         for k, ref in enumerate(refs):
@@ -141,31 +150,37 @@ class WeightGroup:
                 if isinstance(cause, WeightSyncError):
                     self._members = None
                     raise WeightSyncError(f"rollout worker {k}: {cause}") from None
-                failed[k] = (f"{doing}: {type(cause or exc).__name__}", False)  # the group broke under it
+                failed[k] = (f"{doing}: {_line(cause or exc)}", False)  # the group broke under it
             except GetTimeoutError:
                 late.append(k)
             except RayError as exc:  # dead
                 failed[k] = (f"{doing}: {type(exc).__name__}", True)
-        if late:  # hung, or held up by the one that hung: a worker whose own deadline frees it answers
-            pings = {k: workers[k].pid.remote() for k in late}
-            for k, ping in pings.items():
-                try:
-                    ray.get(ping, timeout=max(1.0, min(GRACE_S, self.timeout_s / 4)))
-                    failed[k] = (f"{doing}: held up past the deadline", False)
-                except (GetTimeoutError, RayError):
-                    failed[k] = (f"{doing}: no answer within runtime.weight_sync_timeout_s", True)
+        if late:
+            pings = [workers[k].pid.remote() for k in late]
+            answered, _ = ray.wait(pings, num_returns=len(pings), timeout=GRACE_S)
+            for k, ping in zip(late, pings, strict=True):
+                held = ping in answered
+                failed[k] = (f"{doing}: " + ("held up by a peer" if held else "no answer (hung)"), not held)
         return failed
 
     def _wait_sender(self, waiter: Waiter, deadline: float, version: int, doing: str) -> None:
         try:
             waiter(max(0.0, deadline - time.monotonic()))
         except Exception as exc:  # noqa: BLE001 - any failure of rank 0 is the sync's
-            self._members = None
-            line = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ""
-            raise WeightSyncError(
-                f"the weights sender failed while {doing} version {version} "
-                f"({type(exc).__name__}: {line}); runtime.weight_sync_timeout_s is {self.timeout_s:g} s"
-            ) from None
+            self._sender_failed(exc, version, doing)
+
+    def _sender_failed(self, exc: BaseException, version: int, doing: str) -> NoReturn:
+        self._members = None
+        raise WeightSyncError(
+            f"the weights sender failed while {doing} version {version} ({_line(exc)}); "
+            f"runtime.weight_sync_timeout_s is {self.timeout_s:g} s"
+        ) from None
+
+
+def _line(exc: BaseException) -> str:
+    """`exc` as one line: its type and the last line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[-1][:300]}" if text else type(exc).__name__
 
 
 __all__ = ["LocalSender", "Sender", "WeightGroup", "ray_waiter"]

@@ -13,11 +13,12 @@ is laid out by *part*: from one process a part is the bucket's tensors back to b
 FSDP2 ranks, part r is rank r's dim-0 shards of the bucket's tensors (`send_sharded`), gathered
 into rank 0's payload buffer as they are (one `gather` per bucket), so rank 0 never holds a
 tensor twice nor the whole model: its extra memory is one bucket (plus padding to the largest
-part). From one process each tensor is broadcast from its own memory: nothing is copied. A
-receiver joins each tensor's parts (dim-0 shards are consecutive bytes of the full tensor)
-and checks it against the sender's CRC (`Receiver`), so a changed byte is refused by name.
-Deadlines are the group's timeout: a member that dies or stops reading fails every
-collective within it, never a silent hang.
+part). From one process on the CPU each tensor is broadcast from its own memory (a CUDA
+learner's is copied to host memory first). A receiver joins each tensor's parts (dim-0 shards
+are consecutive bytes of the full tensor) and checks it against the sender's CRC
+(`Receiver`), so a changed byte is refused by name. Deadlines are the group's timeout: a member
+that dies or stops reading fails every collective within it, never a silent hang; a sender
+that cannot make a bucket says so in-band (`{"abort": why}`), and every receiver stops with it.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ def _recv_json(group: dist.ProcessGroupGloo) -> Any:
     _bcast(group, size)
     raw = torch.empty(int(size.item()), dtype=torch.uint8)
     _bcast(group, raw)
-    return json.loads(bytes(raw.numpy()))
+    got = json.loads(bytes(raw.numpy()))
+    if "abort" in got:  # the sender could not make the rest of the update
+        raise WeightSyncError(f"the weights sender stopped the update: {got['abort']}")
+    return got
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -156,7 +160,9 @@ def _send_bucket(
 
 def send(group: dist.ProcessGroupGloo, update: WeightUpdate) -> int:
     """Rank 0: broadcast `update` (its buckets as they come, each checked by `Receiver` on the
-    way out too; a LoRA adapter as its A and B matrices, one bucket). Returns the bytes sent."""
+    way out too; a LoRA adapter as its A and B matrices, one bucket). Returns the bytes sent.
+    If making a bucket fails here (not the group), the receivers are told in-band, so they stop
+    with its reason instead of waiting out the group's timeout."""
     header: dict[str, Any] = {"version": update.version, "names": list(update.names)}
     if update.adapter is not None:
         deltas = update.adapter.deltas
@@ -166,13 +172,20 @@ def send(group: dist.ProcessGroupGloo, update: WeightUpdate) -> int:
         header["names"] = list(update.names)
     _send_json(group, header)
     sent = 0
-    for bucket in update.buckets():
-        tensors = [(n, str(t.dtype), list(t.shape)) for n, t in bucket.tensors.items()]
-        flat = [_bytes(t.cpu()) for t in bucket.tensors.values()]  # views: nothing copied on a CPU
-        crcs = {n: checksum(t) for n, t in bucket.tensors.items()}
+    buckets = iter(update.buckets())
+    while True:
+        try:
+            bucket = next(buckets, None)
+            if bucket is None:
+                return sent
+            tensors = [(n, str(t.dtype), list(t.shape)) for n, t in bucket.tensors.items()]
+            flat = [_bytes(t.cpu()) for t in bucket.tensors.values()]  # views on a CPU; else copies
+            crcs = {n: checksum(t) for n, t in bucket.tensors.items()}
+        except Exception as exc:
+            _send_json(group, {"abort": f"{type(exc).__name__}: {str(exc).strip()[:300]}"})
+            raise
         at = (bucket.version, bucket.index, bucket.count)
         sent += _send_bucket(group, _Layout(tensors, [[f.numel() for f in flat]]), flat, crcs, at)
-    return sent
 
 
 def receive(group: dist.ProcessGroupGloo) -> WeightUpdate:
@@ -200,7 +213,10 @@ def receive(group: dist.ProcessGroupGloo) -> WeightUpdate:
             for k, (name, dtype, shape) in enumerate(layout.tensors):
                 pieces = [p for p in layout.pieces(payload, k) if p.numel()]
                 raw = pieces[0] if len(pieces) == 1 else torch.cat(pieces) if pieces else payload[:0]
-                tensors[name] = raw.view(_dtype(dtype)).reshape(shape)
+                kind = _dtype(dtype)
+                if raw.storage_offset() % kind.itemsize:  # after a tensor of odd bytes: realigned
+                    raw = raw.clone()
+                tensors[name] = raw.view(kind).reshape(shape)
             version_, index_, count_ = int(meta["version"]), int(meta["index"]), int(meta["count"])
             yield Bucket(version_, index_, count_, tensors, meta["checksums"])
             count, index = int(meta["count"]), index + 1
@@ -238,8 +254,11 @@ def send_sharded(
 ) -> int:
     """Every learner rank calls this with its `state` (DTensors sharded on dim 0, or replicated):
     bucket by bucket the ranks' shards are gathered into rank 0's payload (one `gather` on the
-    default group), which rank 0 broadcasts on `group` (None on the other ranks)."""
+    default group), which rank 0 broadcasts on `group` (None on the other ranks). A broadcast
+    that fails (a worker gone) does not end rank 0's part early: it goes on gathering every
+    bucket with the others, so the ranks' next collectives still pair up, and raises after."""
     tensors = {n: state[n] for n in names}
+    failed: BaseException | None = None
 
     def sharded(t: torch.Tensor) -> bool:
         return any(p.is_shard() for p in getattr(t, "placements", ()))
@@ -248,7 +267,10 @@ def send_sharded(
     plan = plan_buckets(sizes, bucket_bytes)
     if rank == 0:
         assert group is not None, "rank 0 broadcasts: it must have joined the weights group"
-        _send_json(group, {"version": version, "names": list(names)})
+        try:
+            _send_json(group, {"version": version, "names": list(names)})
+        except Exception as exc:  # noqa: BLE001 - raised after the gathers below
+            failed, group = exc, None
     sent, ranks = 0, range(world)
     for index, bucket in enumerate(plan):
         desc, parts = [], []
@@ -272,7 +294,13 @@ def send_sharded(
         del local
         if group is not None and payload is not None:
             payload = payload.cpu()
-            sent += _send_bucket(group, layout, [payload], layout.crcs(payload), (version, index, len(plan)))
+            at = (version, index, len(plan))
+            try:
+                sent += _send_bucket(group, layout, [payload], layout.crcs(payload), at)
+            except Exception as exc:  # noqa: BLE001 - the others still gather: raised after
+                failed, group = exc, None
+    if failed is not None:
+        raise failed
     return sent
 
 

@@ -267,8 +267,8 @@ def head_logits(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         def linear(h: torch.Tensor) -> torch.Tensor:
             # .float() is the parameter itself for fp32 models; a bf16 head is cast per call so
             # each recompute in the backward builds its own graph to the parameter
-            bias = head.bias.float() if head.bias is not None else None
-            return F.linear(h.float(), head.weight.float(), bias)
+            bias = _whole(head.bias).float() if head.bias is not None else None
+            return F.linear(h.float(), _whole(head.weight).float(), bias)
     else:  # e.g. a peft LoRA layer on lm_head: only its own forward knows the adapter
 
         def linear(h: torch.Tensor) -> torch.Tensor:
@@ -279,6 +279,13 @@ def head_logits(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         return torch.tanh(z / cap) * cap if cap else z
 
     return logits
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or on learner ranks a head FSDP2 left sharded after the forward (seen after a first
+    forward through LoRA's reference, adapters disabled): gathered, as every rank does at the
+    same point of the same pass."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _text_config(model: nn.Module) -> Any:

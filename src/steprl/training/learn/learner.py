@@ -111,7 +111,8 @@ class LocalLearner:
         self.reg = regularizers
         # the frozen reference (KL in the loss, or in the reward: `compute(ref_logprobs=True)`)
         self.ref_model = ref_model.to(device).eval() if ref_model is not None else None
-        self.value_head = value_head.to(device) if value_head is not None else None
+        # on ranks the head is the root unit's (placed, maybe offloaded): not moved here
+        self.value_head = value_head.to(device) if value_head is not None and not placed else value_head
         # only what requires grad: with LoRA the base is frozen and the optimizer holds the adapters
         params = [p for p in model.parameters() if p.requires_grad]
         heads = value_head.parameters() if value_head is not None else ()

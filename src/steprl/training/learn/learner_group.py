@@ -116,6 +116,10 @@ class RanksSender:
             self._gathered = (version, {k: full[k] for k in self.group.untied})
         return iter(WeightUpdate.of_tensors(self._gathered[1], version, bucket_bytes).produce())
 
+    def forget(self) -> None:
+        """The sync is over: the weights gathered for it (if any engine here asked) go."""
+        self._gathered = None
+
 
 class LearnerGroup:
     """The `Learner` protocol over N FSDP2 ranks. `model` (CPU) is the policy as it starts: each

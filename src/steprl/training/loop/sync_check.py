@@ -119,6 +119,8 @@ def publish(
         answers = pipeline.producer.probe(probe.prompt_ids, probe.sampling) if probe else {}
     except (WeightSyncError, RuntimeError) as exc:  # a bucket refused, a deadline, an engine gone
         raise WeightProbeError(f"weight sync to version {version} failed: {exc}") from None
+    finally:  # learner ranks: a copy gathered here for an engine in this process is not kept
+        getattr(update.remote, "forget", lambda: None)()
     gap = probe.check(learner, answers, version) if probe else 0.0
     received = update.nbytes if sent is None else sent  # a delta: what crossed, not the model
     metrics = {"weights/sync_s": time.perf_counter() - t0, "weights/sync_bytes": float(received)}

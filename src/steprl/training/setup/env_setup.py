@@ -175,16 +175,24 @@ def run_envs(cfg: Config) -> RunEnvs:
     return RunEnvs(tuple(RunEnv(e, _entry_spec(e, where(k))) for k, e in enumerate(entries)))
 
 
+def ray_slots(cfg: Config) -> float:
+    """The CPUs the run's Ray actors reserve: learner ranks and rollout workers 1 each, env
+    actors 0.25 each (`runtime.env_workers` per env, in the trainer and in each rollout worker)."""
+    rt = cfg.runtime
+    routes = len(cfg.env.entries())
+    env_actors = rt.env_workers * routes * (1 + rt.rollout_workers) if rt.backend == "ray" else 0
+    return (rt.learner_ranks if rt.learner_ranks > 1 else 0) + rt.rollout_workers + 0.25 * env_actors
+
+
 def start_ray(cfg: Config, log: Callable[[str], None]) -> None:
-    """Start this run's private local Ray with at least the CPUs its actors reserve (learner
-    ranks 1 each, rollout workers 1 each, env actors 0.25 each), so a run that fits a laptop's
-    memory is not refused for its core count: Ray's CPUs are scheduling slots, and the ranks and
-    workers set their own thread counts. A joined cluster (`RAY_ADDRESS`) is left as it is."""
+    """Start this run's private local Ray with at least the CPUs its actors reserve
+    (`ray_slots`), so a run that fits a laptop's memory is not refused for its core count: Ray's
+    CPUs are scheduling slots, and the ranks and workers set their own thread counts. A joined
+    cluster (`RAY_ADDRESS`), or a Ray this process started already, is left as it is."""
     rt = cfg.runtime
     if os.environ.get("RAY_ADDRESS") or not (rt.backend == "ray" or rt.learner_ranks > 1):
         return
-    env_actors = rt.env_workers * (1 + rt.rollout_workers) if rt.backend == "ray" else 0
-    reserved = (rt.learner_ranks if rt.learner_ranks > 1 else 0) + rt.rollout_workers + 0.25 * env_actors
+    reserved = ray_slots(cfg)
     cores = os.cpu_count() or 1
     slots = max(cores, math.ceil(reserved))
     if slots > cores:
