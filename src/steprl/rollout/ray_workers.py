@@ -23,12 +23,10 @@ fresh worker, with the current weights and seed, takes its place.
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
@@ -43,42 +41,14 @@ from steprl.engines.transports.collective import GroupAddress
 from steprl.engines.transports.ray_store import RayHandle, RayObjectStore
 from steprl.engines.weights import AnyUpdate, WeightSyncError, WeightUpdate, as_update
 from steprl.envs.base import Env
-from steprl.envs.deadline import DeadlineEnv, EnvCalls
 from steprl.envs.registry import get_spec, load_plugins
-from steprl.hosting.backend import EnvRoute, route_env
-from steprl.hosting.ray_backend import RayEnvBackend, ensure_ray
+from steprl.hosting.ray_backend import ensure_ray
 from steprl.rollout.chat import PromptFormat
 from steprl.rollout.context import ContextRule
 from steprl.rollout.loop import Budgets, RolloutSetup, failed_group, rollout_groups
 from steprl.rollout.weight_group import WeightGroup
+from steprl.rollout.worker_envs import WorkerEnvs, worker_envs
 from steprl.types import Group, Task
-
-
-@dataclass(frozen=True)
-class WorkerEnvs:
-    """Which env the rollout workers build and where its instances live.
-
-    `inprocess`: inside the rollout worker's own process (the worker is the isolation unit).
-    `ray`: in `env_workers` `EnvWorker` actors owned by each rollout worker (they die with it),
-    with the per-call deadline and supervision of `RayEnvBackend`.
-    """
-
-    #: one registered env name (no params), or the run's envs (several: each task's env by `task.env`)
-    envs: str | tuple[EnvRoute, ...]
-    placement: Literal["inprocess", "ray"] = "inprocess"
-    env_workers: int = 1  # per rollout worker, placement "ray" only
-    call_timeout_s: float = 30.0  # the deadline of one env call
-    plugins: tuple[str, ...] = ()  # modules that register the run's envs, imported by each worker
-
-    @property
-    def routes(self) -> tuple[EnvRoute, ...]:
-        return (EnvRoute(self.envs, self.envs, {}),) if isinstance(self.envs, str) else self.envs
-
-
-def _deadline_env(
-    factory: Callable[..., Env], params: Mapping[str, Any], timeout_s: float, calls: EnvCalls, task: Task
-) -> Env:
-    return DeadlineEnv(factory(**params), timeout_s, calls)
 
 
 class RolloutWorker:
@@ -106,28 +76,7 @@ class RolloutWorker:
         self.engine = HFEngine.with_settings(  # on CPU (the worker's share of CPUs)
             model, engine_settings, eos_token_id=fmt.eos_token_id, pad_token_id=pad_token_id, version=version
         )
-        self._backends: list[RayEnvBackend] = []
-        calls = EnvCalls()  # in-process envs: a sync call that blocks ends env_timeout here too
-        makers: dict[str, Callable[[Task], Env]] = {}
-        for route in envs.routes:
-            factory, params = factories[route.key], dict(route.params)
-            if envs.placement == "ray":
-                backend = RayEnvBackend(
-                    route.name,
-                    params,
-                    num_workers=envs.env_workers,
-                    call_timeout_s=envs.call_timeout_s,
-                    factory=factory,
-                    plugins=envs.plugins,
-                )
-                self._backends.append(backend)
-                makers[route.key] = backend.make_env
-            else:
-                makers[route.key] = functools.partial(
-                    _deadline_env, factory, params, envs.call_timeout_s, calls
-                )
-        # one env: whatever its tasks call it; several: by `task.env`, as `RoutedBackend` does
-        make_env = next(iter(makers.values())) if len(makers) == 1 else functools.partial(route_env, makers)
+        make_env, self._backends = worker_envs(envs, factories)
         self.setup = RolloutSetup(make_env, self.engine, fmt, rule, sampling, budgets)
 
     async def rollout(
