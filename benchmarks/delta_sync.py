@@ -124,18 +124,12 @@ def path(lr: float, dtype: torch.dtype, updates: int, spec: object, vocab: int, 
 def full_broadcast(update: WeightUpdate) -> float:
     """Median seconds of 3 broadcasts of `update` (full tensors) on a gloo group to a process
     that receives and checks every bucket (`weight_sync.py: group_reader`)."""
-    import multiprocessing as mp
     import statistics
 
-    from steprl.engines.transports.collective import GroupHost, join, send
-    from weight_sync import group_reader
+    from steprl.engines.transports.collective import send
+    from weight_sync import reader_group
 
-    host = GroupHost(timeout_s=300)
-    address = host.address(2, 300)
-    parent, child = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=group_reader, args=(address, child), daemon=True)
-    proc.start()
-    group = join(address, 0)
+    group, parent, proc = reader_group(300)
     times = []
     for _ in range(4):
         t0 = time.perf_counter()

@@ -110,6 +110,18 @@ def group_reader(address: Any, conn: Any) -> None:
         conn.send("done")
 
 
+def reader_group(timeout_s: float = 600) -> tuple[Any, Any, Any]:
+    """This process as rank 0 of a gloo weights group whose rank 1 is a `group_reader` process:
+    (this end, the pipe it says "done" on, the process)."""
+    from steprl.engines.transports.collective import GroupHost, join
+
+    address = GroupHost(timeout_s=timeout_s).address(2, timeout_s)
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=group_reader, args=(address, child), daemon=True)
+    proc.start()
+    return join(address, 0), parent, proc
+
+
 def measure(run: Callable[[], int], repeats: int) -> tuple[float, int, int]:
     """Median seconds, bytes moved, peak extra sender memory (the largest over the repeats)."""
     times, extra, moved = [], 0, 0
@@ -183,15 +195,9 @@ def main() -> None:
         assert parent.recv() == "done"
         return update.nbytes
 
-    from steprl.engines.transports.collective import GroupHost, join
     from steprl.engines.transports.collective import send as broadcast
 
-    host = GroupHost(timeout_s=600)
-    address = host.address(2, 600)
-    b_parent, b_child = mp.get_context("spawn").Pipe()
-    b_proc = mp.get_context("spawn").Process(target=group_reader, args=(address, b_child), daemon=True)
-    b_proc.start()
-    group = join(address, 0)
+    group, b_parent, b_proc = reader_group()
 
     def gloo_broadcast() -> int:  # each tensor from its own memory to another process's group end
         update = WeightUpdate.of_tensors(learner, 1)

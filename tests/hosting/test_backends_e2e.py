@@ -44,11 +44,11 @@ def ray_for_every_runtime():
 
     from steprl.hosting.ray_backend import ensure_ray
 
-    started = not ray.is_initialized()
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 6:
+        ray.shutdown()  # a smaller one an earlier file of this test process left running
     ensure_ray(num_cpus=6)
     yield
-    if started:
-        ray.shutdown()
+    ray.shutdown()
 
 
 def _run(tmp_path, name: str, extra: list[str]) -> TrainResult:
