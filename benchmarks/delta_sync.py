@@ -129,7 +129,7 @@ def full_broadcast(update: WeightUpdate) -> float:
     from steprl.engines.transports.collective import send
     from weight_sync import reader_group
 
-    group, parent, proc = reader_group(300)
+    group, parent, proc, _host = reader_group(300)
     times = []
     for _ in range(4):
         t0 = time.perf_counter()

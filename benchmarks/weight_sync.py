@@ -110,16 +110,18 @@ def group_reader(address: Any, conn: Any) -> None:
         conn.send("done")
 
 
-def reader_group(timeout_s: float = 600) -> tuple[Any, Any, Any]:
+def reader_group(timeout_s: float = 600) -> tuple[Any, Any, Any, Any]:
     """This process as rank 0 of a gloo weights group whose rank 1 is a `group_reader` process:
-    (this end, the pipe it says "done" on, the process)."""
+    (this end, the pipe it says "done" on, the process, the store's host: keep it while the
+    group is used)."""
     from steprl.engines.transports.collective import GroupHost, join
 
-    address = GroupHost(timeout_s=timeout_s).address(2, timeout_s)
+    host = GroupHost(timeout_s=timeout_s)
+    address = host.address(2, timeout_s)
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=group_reader, args=(address, child), daemon=True)
     proc.start()
-    return join(address, 0), parent, proc
+    return join(address, 0), parent, proc, host
 
 
 def measure(run: Callable[[], int], repeats: int) -> tuple[float, int, int]:
@@ -197,7 +199,7 @@ def main() -> None:
 
     from steprl.engines.transports.collective import send as broadcast
 
-    group, b_parent, b_proc = reader_group()
+    group, b_parent, b_proc, _host = reader_group()
 
     def gloo_broadcast() -> int:  # each tensor from its own memory to another process's group end
         update = WeightUpdate.of_tensors(learner, 1)
