@@ -48,6 +48,8 @@ def ray_local():
 
     from steprl.hosting.ray_backend import ensure_ray
 
+    if ray.is_initialized():  # an earlier file's Ray: its actors may hold the CPUs the ranks need
+        ray.shutdown()
     ensure_ray(num_cpus=2)
     yield
     ray.shutdown()
