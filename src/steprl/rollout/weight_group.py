@@ -18,16 +18,14 @@ failed is a `WeightSyncError`.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any, NoReturn, Protocol
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from steprl.engines.transports.collective import Broadcast, GroupAddress, GroupHost, join
+from steprl.engines.transports.collective import GroupAddress, GroupHost, in_thread, join, send
 from steprl.engines.weights import WeightSyncError, WeightUpdate
 
 #: how long a failed sync waits for the workers' answers: a worker that died is known by then,
@@ -47,16 +45,8 @@ class Sender(Protocol):
 
 
 def _in_thread(fn: Callable[[], Any]) -> Waiter:
-    done: Future[Any] = Future()
-
-    def run() -> None:
-        try:
-            done.set_result(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            done.set_exception(exc)
-
-    threading.Thread(target=run, name="steprl-weights-sender", daemon=True).start()
-    return lambda timeout: done.result(timeout)
+    future = in_thread(fn)
+    return lambda timeout: future.result(timeout)
 
 
 class LocalSender:
@@ -73,8 +63,8 @@ class LocalSender:
         return _in_thread(joined)
 
     def send(self, update: WeightUpdate) -> Waiter:
-        future = Broadcast(self.group).send(update)
-        return lambda timeout: future.result(timeout)
+        group = self.group
+        return _in_thread(lambda: send(group, update))
 
 
 def ray_waiter(refs: Sequence[Any]) -> Waiter:

@@ -26,17 +26,19 @@ from __future__ import annotations
 import json
 import threading
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from steprl.engines.lora_merge import AdapterUpdate, LoraDelta
 from steprl.engines.weights import Bucket, WeightSyncError, WeightUpdate, checksum, plan_buckets
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -307,6 +309,21 @@ def send_sharded(
 # ---- the registry's transport -------------------------------------------------------------
 
 
+def in_thread(fn: Callable[[], T]) -> Future[T]:
+    """`fn()` on a thread of its own (a sender broadcasts while the receivers read): its result
+    or its error in the future."""
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="steprl-weights-broadcast", daemon=True).start()
+    return done
+
+
 class Broadcast:
     """`WEIGHT_SYNC["broadcast"]` as a `Transport`: `send` broadcasts on the `sender` end in a
     thread (the receivers read at the same time, each from its own end), `receive` reads the
@@ -337,16 +354,7 @@ class Broadcast:
     def send(self, update: WeightUpdate) -> Future[int]:
         assert self.sender is not None, "this end receives only"
         sender = self.sender
-        done: Future[int] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(send(sender, update))
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-                done.set_exception(exc)
-
-        threading.Thread(target=run, name="steprl-weights-broadcast", daemon=True).start()
-        return done
+        return in_thread(lambda: send(sender, update))
 
     def receive(self, handle: Any = None) -> WeightUpdate:
         assert self.receiver is not None, "this end sends only"
@@ -356,4 +364,4 @@ class Broadcast:
         handle.result()
 
 
-__all__ = ["Broadcast", "GroupAddress", "GroupHost", "join", "receive", "send", "send_sharded"]
+__all__ = ["Broadcast", "GroupAddress", "GroupHost", "in_thread", "join", "receive", "send", "send_sharded"]
